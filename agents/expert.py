@@ -1,0 +1,100 @@
+"""Privileged pure-pursuit expert: follows the centreline with speed planned from curvature ahead.
+
+It reads only the privileged state (pose and track geometry), so it can label ANY state, which
+DAgger needs, and it needs no pixels, so it runs at physics speed in render-free envs.
+
+Steering: pure pursuit towards the centreline point ``lookahead = base + gain·speed`` ahead of
+the car's projection, ``steer = clip(steer_gain · atan2(lx, ly))`` with (lx, ly) the target in
+the car frame (+x right, +y forward). Speed: a braking-distance profile. Each centreline sample
+at distance d ahead (curvature κ averaged over ``curvature_window``) allows the corner speed
+``sqrt(lateral_accel / |κ|)``; the speed allowed now is ``min_d sqrt(v_corner(d)² + 2·brake_accel·d)``
+capped by ``max_speed``. Throttle and brake are proportional to the speed error, throttle is
+cut while steering hard, and traction control / ABS release the pedal when the rear wheels
+spin (rim speed − ground speed > ``max_wheel_spin``) or the wheels skid under braking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from envs.state import PrivilegedState
+
+
+@dataclass(frozen=True)
+class PurePursuitConfig:
+    """Defaults tuned on track seeds 0–99 (grid and random search, render-free): mean score 923.5,
+    every lap finished. Held-out quality (seeds 1000–1099) is measured by ``make bench``."""
+
+    lookahead_base: float = 7.0  # world units
+    lookahead_per_speed: float = 0.2  # world units per (unit/s)
+    steer_gain: float = 1.2
+    max_speed: float = 140.0  # world units/s
+    lateral_accel: float = 220.0  # unit/s²: corner speed sqrt(lateral_accel / |κ|)
+    brake_accel: float = 55.0  # unit/s²: deceleration assumed when planning ahead
+    plan_horizon: float = 150.0  # world units of track scanned ahead
+    curvature_window: float = 8.0  # world units over which curvature is averaged
+    curvature_samples: int = 50
+    throttle_gain: float = 0.2
+    max_throttle: float = 1.0
+    throttle_steer_cut: float = 1.0  # throttle scaled by (1 − cut·|steer|): rear-wheel drive spins out
+    brake_gain: float = 0.15
+    brake_margin: float = 1.5  # unit/s over target before braking
+    max_wheel_spin: float = 5.0  # unit/s of rear rim speed over ground speed (traction control)
+    max_wheel_skid: float = 10.0  # unit/s of ground speed over front rim speed (ABS)
+
+    def __post_init__(self) -> None:
+        if self.steer_gain <= 0 or self.max_speed <= 0 or self.lateral_accel <= 0:
+            raise ValueError("steer_gain, max_speed and lateral_accel must be positive")
+        if self.curvature_samples < 1:
+            raise ValueError("curvature_samples must be >= 1")
+
+
+class PurePursuitExpert:
+    """The privileged teacher. Stateless: ``act`` is a pure function of the privileged state."""
+
+    agent_id = "pure-pursuit"
+    source = "expert"
+    needs_pixels = False
+
+    def __init__(self, config: PurePursuitConfig = PurePursuitConfig()) -> None:
+        self.cfg = config
+        self._sample_distances = np.linspace(0.0, config.plan_horizon, config.curvature_samples)
+
+    def reset(self) -> None:
+        """Nothing to forget: the expert is memoryless."""
+
+    def config(self) -> dict[str, Any]:
+        return {"agent_id": self.agent_id, **asdict(self.cfg)}
+
+    def target_speed(self, state: PrivilegedState) -> float:
+        """Highest speed from which every corner in the planning horizon can still be made."""
+        cfg = self.cfg
+        distance = self._sample_distances
+        start = state.progress + distance
+        curvature = np.abs(state.geometry.mean_curvature(start, start + cfg.curvature_window))
+        corner_speed_sq = cfg.lateral_accel / np.maximum(curvature, 1e-6)
+        allowed = np.sqrt(corner_speed_sq + 2.0 * cfg.brake_accel * distance)
+        return float(min(cfg.max_speed, allowed.min()))
+
+    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        cfg = self.cfg
+        pose = state.pose
+        speed = pose.forward_speed
+        lookahead = cfg.lookahead_base + cfg.lookahead_per_speed * max(speed, 0.0)
+        target = state.geometry.point_at(state.progress + lookahead)
+        delta = target - pose.position
+        right = np.array([np.cos(pose.angle), np.sin(pose.angle)])
+        forward = np.array([-np.sin(pose.angle), np.cos(pose.angle)])
+        steer = float(np.clip(cfg.steer_gain * np.arctan2(delta @ right, delta @ forward), -1.0, 1.0))
+        speed_error = self.target_speed(state) - speed
+        gas = float(np.clip(cfg.throttle_gain * speed_error, 0.0, cfg.max_throttle))
+        gas *= max(0.0, 1.0 - cfg.throttle_steer_cut * abs(steer))
+        if pose.rear_wheel_slip > cfg.max_wheel_spin:
+            gas = 0.0
+        brake = float(np.clip(cfg.brake_gain * (-speed_error - cfg.brake_margin), 0.0, 0.85))
+        if pose.front_wheel_slip < -cfg.max_wheel_skid:
+            brake = 0.0
+        return np.array([steer, gas, brake], dtype=np.float32)

@@ -1,0 +1,205 @@
+"""Torch Dataset of T-frame sequences built on the fly from episode files.
+
+* Frame stacks are never stored: a sample is the T frames ending at step t, ``frame_stride``
+  steps apart, passed through :func:`envs.preprocess_observation` (HUD cropped, CHW, [0,1]).
+* Splits are by TRACK SEED (``SeedSplit``): train/val/test seed sets are disjoint, so no track
+  is seen on both sides (the published split was random per frame).
+* Memory is bounded: only the small arrays of every episode stay in RAM; decoded frames live
+  in an LRU cache of ``cache_episodes`` episodes. :class:`EpisodeGroupedSampler` shuffles
+  episodes and then samples within a small group of them, so the cache is hit almost always.
+* Every episode is validated when the index is built (sidecar, size and sha256, dtypes,
+  shapes, finite actions); a bad file raises an error naming it, or with ``on_error="skip"`` is
+  left out with a warning while the other files load normally.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from data_collection.episode import EpisodeFileError, load_episode_arrays
+from data_collection.manifest import sidecar_paths
+from envs.car_racing import FPS
+from envs.observation import preprocess_observation
+from nsacdrive.seeds import parse_seeds
+
+#: zoom-in animation at the start of every CarRacing episode (driving.md §1)
+INTRO_STEPS = 50
+
+
+class DatasetError(ValueError):
+    """A dataset-level problem (bad folder, split or configuration)."""
+
+
+@dataclass(frozen=True)
+class SeedSplit:
+    """Disjoint track-seed sets for train / val / test, e.g. ``SeedSplit.parse("0-39", "40-44", "45-49")``."""
+
+    train: frozenset[int]
+    val: frozenset[int]
+    test: frozenset[int]
+
+    def __post_init__(self) -> None:
+        for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+            shared = getattr(self, a) & getattr(self, b)
+            if shared:
+                raise DatasetError(f"seed split: {a} and {b} share track seeds {sorted(shared)[:10]}")
+
+    @classmethod
+    def parse(cls, train: str, val: str, test: str) -> "SeedSplit":
+        return cls(
+            frozenset(parse_seeds(train, "train seeds")),
+            frozenset(parse_seeds(val, "val seeds")),
+            frozenset(parse_seeds(test, "test seeds")),
+        )
+
+    def seeds(self, split: Literal["train", "val", "test"]) -> frozenset[int]:
+        if split not in ("train", "val", "test"):
+            raise DatasetError(f"split must be train, val or test, got {split!r}")
+        return getattr(self, split)
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    sidecar_path: Path
+    sidecar: dict[str, Any]
+    actions: np.ndarray  # labels used as targets: the expert's action at each step
+    executed_actions: np.ndarray
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.sidecar["n_steps"])
+
+
+def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Literal["raise", "skip"]) -> list[EpisodeRecord]:
+    """Validate and index every episode in ``root`` whose track seed is in ``seeds``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: dataset folder does not exist")
+    if on_error not in ("raise", "skip"):
+        raise DatasetError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    wanted = None if seeds is None else set(int(s) for s in seeds)
+    records = []
+    for path in sidecar_paths(root):
+        try:
+            sidecar, arrays = load_episode_arrays(path, include_observations=False)
+        except EpisodeFileError as exc:
+            if on_error == "raise":
+                raise
+            warnings.warn(f"skipping episode: {exc}", stacklevel=2)
+            continue
+        if wanted is not None and int(sidecar["track_seed"]) not in wanted:
+            continue
+        records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"]))
+    return records
+
+
+class SequenceDataset(Dataset):
+    """Samples ``(frames[T,3,84,96], action[3], action_sequence[T,3], timestamps[T])``.
+
+    ``timestamps`` are seconds relative to the newest frame (…, −2·stride/50, −stride/50, 0);
+    the target ``action`` is the expert label at the newest frame.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        seeds: Iterable[int] | None = None,
+        sequence_length: int = 4,
+        frame_stride: int = 1,
+        skip_intro: int = INTRO_STEPS,
+        cache_episodes: int = 4,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        if sequence_length < 1 or frame_stride < 1 or skip_intro < 0 or cache_episodes < 1:
+            raise DatasetError(
+                "sequence_length and frame_stride must be >= 1, skip_intro >= 0, cache_episodes >= 1; got "
+                f"{sequence_length}, {frame_stride}, {skip_intro}, {cache_episodes}"
+            )
+        self.root = Path(root)
+        self.sequence_length = sequence_length
+        self.frame_stride = frame_stride
+        self.cache_episodes = cache_episodes
+        self.on_error = on_error
+        self.episodes = load_episode_records(self.root, seeds, on_error)
+        first_end = skip_intro + (sequence_length - 1) * frame_stride
+        index = [
+            np.stack([np.full(max(r.n_steps - first_end, 0), i), np.arange(first_end, max(r.n_steps, first_end))], axis=1)
+            for i, r in enumerate(self.episodes)
+        ]
+        self.index = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
+        self._offsets = -np.arange(sequence_length - 1, -1, -1) * frame_stride  # oldest … newest
+        self.timestamps = torch.from_numpy(self._offsets.astype(np.float32) / FPS)
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def track_seeds(self) -> list[int]:
+        return sorted({int(r.sidecar["track_seed"]) for r in self.episodes})
+
+    def episode_of(self, item: int) -> int:
+        return int(self.index[item, 0])
+
+    def _frames(self, episode: int) -> np.ndarray:
+        if episode in self._cache:
+            self._cache.move_to_end(episode)
+            return self._cache[episode]
+        record = self.episodes[episode]
+        _, arrays = load_episode_arrays(record.sidecar_path, include_observations=True)
+        frames = arrays["observations"]
+        self._cache[episode] = frames
+        while len(self._cache) > self.cache_episodes:
+            self._cache.popitem(last=False)
+        return frames
+
+    def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
+        episode, step = (int(v) for v in self.index[item])
+        steps = step + self._offsets
+        frames = preprocess_observation(self._frames(episode)[steps])
+        labels = self.episodes[episode].actions
+        return {
+            "frames": torch.from_numpy(frames),
+            "action": torch.from_numpy(labels[step].copy()),
+            "action_sequence": torch.from_numpy(labels[steps].copy()),
+            "timestamps": self.timestamps,
+            "episode": torch.tensor(episode),
+            "step": torch.tensor(step),
+        }
+
+
+class EpisodeGroupedSampler(Sampler[int]):
+    """Shuffle episodes, then visit the samples of ``group_size`` episodes at a time in random
+    order: random enough for SGD, and every group fits the dataset's frame cache."""
+
+    def __init__(self, dataset: SequenceDataset, group_size: int | None = None, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.group_size = group_size or dataset.cache_episodes
+        if self.group_size > dataset.cache_episodes:
+            raise DatasetError(f"group_size {self.group_size} exceeds the dataset's cache_episodes {dataset.cache_episodes}")
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        episodes = self.dataset.index[:, 0]
+        order = rng.permutation(len(self.dataset.episodes))
+        for start in range(0, len(order), self.group_size):
+            group = order[start : start + self.group_size]
+            items = np.flatnonzero(np.isin(episodes, group))
+            yield from rng.permutation(items).tolist()

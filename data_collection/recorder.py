@@ -1,0 +1,190 @@
+"""Run any Agent over seeds × colour presets and write one lossless episode per run.
+
+Each episode is produced by one worker process from (agent spec, track seed, preset, noise),
+all of which are in its sidecar, so any episode can be regenerated exactly. The main process
+keeps ``manifest.json`` current after every finished episode; a killed run loses at most the
+episodes in flight, and ``resume=True`` skips every episode whose files are already complete.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import platform
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+from tqdm import tqdm
+
+from agents.registry import make_agent
+from agents.rollout import drive, termination_reason
+from data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
+from data_collection.manifest import write_manifest
+from envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, make_car_racing
+from envs.colours import validate_preset
+from envs.observation import PREPROCESS_VERSION
+from envs.state import STATE_FIELDS
+from nsacdrive.atomic import remove_partial_files
+
+
+@dataclass(frozen=True)
+class NoiseConfig:
+    """Gaussian action noise on the EXECUTED action (the expert's label is recorded untouched).
+
+    See :func:`agents.rollout.apply_action_noise`. ``seed`` salts the noise stream (combined
+    with the track seed), so noisy episodes are reproducible too.
+    """
+
+    sigma: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sigma < 0:
+            raise ValueError(f"--noise must be >= 0, got {self.sigma}")
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """Everything that determines one recorded episode."""
+
+    agent: str
+    track_seed: int
+    colour_preset: str
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    max_steps: int = MAX_EPISODE_STEPS
+
+    @property
+    def episode_id(self) -> str:
+        noise = f"_noise{self.noise.sigma:g}-{self.noise.seed}" if self.noise.sigma > 0 else ""
+        agent = self.agent.replace(":", "-").replace("/", "-")
+        return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}"
+
+
+def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Drive one episode and return its arrays and sidecar metadata (nothing written)."""
+    agent = make_agent(job.agent)
+    env = make_car_racing(colour_preset=job.colour_preset, max_episode_steps=job.max_steps)
+    steps = list(drive(env, agent, job.track_seed, job.noise.sigma, np.random.default_rng([job.noise.seed, job.track_seed])))
+    env.close()
+    states = [steps[0].state] + [s.next_state for s in steps]
+    last = steps[-1]
+    arrays = {
+        "observations": np.stack([steps[0].observation] + [s.next_observation for s in steps]).astype(np.uint8),
+        "actions": np.stack([s.executed for s in steps]).astype(np.float32),
+        "expert_actions": np.stack([s.label for s in steps]).astype(np.float32),
+        "rewards": np.array([s.reward for s in steps], dtype=np.float32),
+        "terminations": np.array([s.terminated for s in steps], dtype=bool),
+        "truncations": np.array([s.truncated for s in steps], dtype=bool),
+        "pose": np.array([(st.pose.x, st.pose.y, st.pose.angle) for st in states], dtype=np.float32),
+        "speed": np.array([st.pose.forward_speed for st in states], dtype=np.float32),
+        "lateral_error": np.array([st.lateral_error for st in states], dtype=np.float32),
+        "heading_error": np.array([st.heading_error for st in states], dtype=np.float32),
+        "progress": np.array([st.progress for st in states], dtype=np.float32),
+        "state": np.stack([st.as_vector() for st in states]).astype(np.float32),
+    }
+    base = env.unwrapped
+    metadata = {
+        "env_id": ENV_ID,
+        "base_env": "CarRacing-v3",
+        "gymnasium_version": gymnasium.__version__,
+        "renderer": "stock",
+        "track_seed": job.track_seed,
+        "n_tiles": len(base.track),
+        "colour_preset": job.colour_preset,
+        "colour_scheme": base.colour_scheme.to_dict(),
+        "source": agent.source,
+        "agent": agent.config(),
+        "agent_spec": job.agent,
+        "noise": asdict(job.noise),
+        "max_steps": job.max_steps,
+        "total_reward": float(np.sum(arrays["rewards"], dtype=np.float64)),
+        "lap_finished": bool(last.info.get("lap_finished", False)),
+        "termination_reason": termination_reason(last.terminated, last.truncated, last.info),
+        "state_fields": list(STATE_FIELDS),
+        "preprocess": PREPROCESS_VERSION,
+        "python": platform.python_version(),
+    }
+    return arrays, metadata
+
+
+def record_episode(job: EpisodeJob, out_dir: str) -> dict[str, Any]:
+    """Worker entry point: drive, then write the episode atomically; returns the sidecar."""
+    arrays, metadata = run_episode(job)
+    return write_episode(Path(out_dir), job.episode_id, arrays, metadata)
+
+
+def episode_is_complete(out_dir: Path, job: EpisodeJob) -> bool:
+    """True when the sidecar exists, parses, and pins an .npz of the right size."""
+    paths = EpisodePaths.for_id(out_dir, job.episode_id)
+    try:
+        sidecar = read_sidecar(paths.sidecar)
+    except EpisodeFileError:
+        return False
+    return paths.data.exists() and paths.data.stat().st_size == sidecar["file_size"]
+
+
+@dataclass
+class CollectionSummary:
+    written: int
+    skipped: int
+    steps: int
+    seconds: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+def collect(
+    agent: str,
+    seeds: list[int],
+    out_dir: str | Path,
+    colour_presets: list[str] = ["default"],
+    noise: NoiseConfig = NoiseConfig(),
+    workers: int = 1,
+    resume: bool = False,
+    max_steps: int = MAX_EPISODE_STEPS,
+    progress: bool = True,
+) -> CollectionSummary:
+    """Record ``agent`` on every (seed, preset); parallel workers, one progress bar."""
+    out = Path(out_dir)
+    for preset in colour_presets:
+        validate_preset(preset)
+    make_agent(agent)  # fail fast on a bad agent spec, before any worker starts
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps) for preset in colour_presets for seed in seeds]
+    out.mkdir(parents=True, exist_ok=True)
+    remove_partial_files(out)
+    existing = [job for job in jobs if episode_is_complete(out, job)]
+    if existing and not resume:
+        raise FileExistsError(
+            f"{out}: {len(existing)} of these episodes already exist (e.g. {existing[0].episode_id}); "
+            "pass --resume to skip them or choose another --out"
+        )
+    todo = [job for job in jobs if job not in existing]
+    start = time.perf_counter()
+    steps = 0
+    with tqdm(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
+        if workers == 1:
+            for job in todo:
+                steps += record_episode(job, str(out))["n_steps"]
+                write_manifest(out)
+                bar.update(1)
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                pending: set[Future] = {pool.submit(record_episode, job, str(out)) for job in todo}
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        steps += future.result()["n_steps"]
+                        bar.update(1)
+                    write_manifest(out)
+                    bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
+    write_manifest(out)
+    return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

@@ -1,0 +1,99 @@
+"""``nsacdrive data info``: what a dataset folder holds, read from sidecars and small arrays."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_collection.dataset import DatasetError, load_episode_records
+from nsacdrive.seeds import format_seeds
+
+ACTION_NAMES = ("steer", "gas", "brake")
+
+
+@dataclass
+class DatasetSummary:
+    root: str
+    episodes: int
+    frames: int
+    seeds: list[int]
+    sources: dict[str, int]
+    colour_presets: dict[str, int]
+    agents: dict[str, int]
+    lap_finished_rate: float
+    reward_mean: float
+    reward_std: float
+    termination_reasons: dict[str, int]
+    action_stats: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["seeds"] = format_seeds(self.seeds)
+        return out
+
+    def to_text(self) -> str:
+        lines = [
+            f"dataset            {self.root}",
+            f"episodes           {self.episodes}",
+            f"frames (steps)     {self.frames}",
+            f"track seeds        {format_seeds(self.seeds)}  ({len(self.seeds)} tracks)",
+            f"sources            {_fmt_counts(self.sources)}",
+            f"agents             {_fmt_counts(self.agents)}",
+            f"colour presets     {_fmt_counts(self.colour_presets)}",
+            f"episode reward     {self.reward_mean:.1f} ± {self.reward_std:.1f}",
+            f"lap finished       {100 * self.lap_finished_rate:.1f}%",
+            f"terminations       {_fmt_counts(self.termination_reasons)}",
+            "",
+            f"{'actions':<10}{'':<9}{'mean':>8}{'std':>8}{'min':>8}{'max':>8}",
+        ]
+        for kind, stats in self.action_stats.items():
+            for name in ACTION_NAMES:
+                s = stats[name]
+                lines.append(f"{kind:<10}{name:<9}{s['mean']:8.3f}{s['std']:8.3f}{s['min']:8.3f}{s['max']:8.3f}")
+        return "\n".join(lines)
+
+
+def _fmt_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "-"
+
+
+def _action_stats(actions: np.ndarray) -> dict[str, dict[str, float]]:
+    if len(actions) == 0:
+        return {name: {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0} for name in ACTION_NAMES}
+    return {
+        name: {
+            "mean": float(actions[:, i].mean()),
+            "std": float(actions[:, i].std()),
+            "min": float(actions[:, i].min()),
+            "max": float(actions[:, i].max()),
+        }
+        for i, name in enumerate(ACTION_NAMES)
+    }
+
+
+def summarize(root: str | Path, on_error: str = "raise") -> DatasetSummary:
+    """Validate every episode in ``root`` (checksums included) and summarise it."""
+    records = load_episode_records(Path(root), seeds=None, on_error=on_error)  # type: ignore[arg-type]
+    if not records:
+        raise DatasetError(f"{root}: no episodes found (expected <episode>.npz + <episode>.json files)")
+    rewards = np.array([r.sidecar.get("total_reward", np.nan) for r in records], dtype=np.float64)
+    executed = np.concatenate([r.executed_actions for r in records])
+    labels = np.concatenate([r.actions for r in records])
+    return DatasetSummary(
+        root=str(root),
+        episodes=len(records),
+        frames=sum(r.n_steps for r in records),
+        seeds=sorted({int(r.sidecar["track_seed"]) for r in records}),
+        sources=dict(Counter(r.sidecar["source"] for r in records)),
+        colour_presets=dict(Counter(r.sidecar["colour_preset"] for r in records)),
+        agents=dict(Counter(r.sidecar.get("agent_spec", "?") for r in records)),
+        lap_finished_rate=float(np.mean([bool(r.sidecar.get("lap_finished")) for r in records])),
+        reward_mean=float(np.nanmean(rewards)),
+        reward_std=float(np.nanstd(rewards)),
+        termination_reasons=dict(Counter(r.sidecar.get("termination_reason", "?") for r in records)),
+        action_stats={"executed": _action_stats(executed), "label": _action_stats(labels)},
+    )

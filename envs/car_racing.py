@@ -1,0 +1,128 @@
+"""CarRacing-v3 with explicit colour schemes, track geometry and an optional render-free mode.
+
+Track-preserving colour recipe (../shared/specs/driving.md §1): gymnasium draws random colours
+from the same generator as the track, so ``domain_randomize=True`` changes the track of a seed.
+This env is constructed with ``domain_randomize=True`` so the stock code accepts our colours,
+sets road/background/grass itself and resets with ``options={"randomize": False}``: the track of
+seed ``s`` is exactly the default env's track of seed ``s``, only the paint differs.
+
+Render-free mode (``render_observations=False``) skips the pure-Python pygame drawing that
+stock CarRacing performs on every ``step`` (~70 steps/s → thousands of steps/s). Observations
+are then an all-zero frame; :meth:`NsacCarRacing.render_observation` draws the real frame on
+demand (e.g. only for steps that get recorded).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.box2d.car_racing import CarRacing
+
+from envs.colours import DEFAULT_SCHEME, ColourScheme, resolve_colour_scheme, validate_preset
+from envs.geometry import TrackGeometry
+
+ENV_ID = "nsacdrive/CarRacing-v3"
+MAX_EPISODE_STEPS = 1000
+FPS = 50
+
+
+class NsacCarRacing(CarRacing):
+    """Stock CarRacing-v3 physics and rendering, with per-episode colour schemes and geometry.
+
+    Every episode has a known integer ``track_seed`` (drawn from a seeded stream when
+    ``reset`` gets no seed), so any episode can be regenerated exactly.
+    """
+
+    def __init__(
+        self,
+        render_mode: str | None = None,
+        colour_preset: str = "default",
+        render_observations: bool = True,
+        lap_complete_percent: float = 0.95,
+        continuous: bool = True,
+    ) -> None:
+        super().__init__(
+            render_mode=render_mode,
+            lap_complete_percent=lap_complete_percent,
+            domain_randomize=True,  # lets us set colours ourselves; see module docstring
+            continuous=continuous,
+        )
+        self.colour_preset = validate_preset(colour_preset)
+        self.render_observations = bool(render_observations)
+        self.colour_scheme: ColourScheme = DEFAULT_SCHEME
+        self.track_seed: int | None = None
+        self.geometry: TrackGeometry | None = None
+        self._seed_stream: np.random.Generator | None = None
+        self._blank_frame = np.zeros(self.observation_space.shape, dtype=np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset onto the track of ``seed`` painted with the preset's scheme.
+
+        ``options`` may hold ``colour_preset`` (overrides the constructor's for this episode)
+        or ``colour_scheme`` (an explicit :class:`ColourScheme`).
+        """
+        options = dict(options or {})
+        if seed is None:
+            if self._seed_stream is None:
+                self._seed_stream = np.random.default_rng()
+            seed = int(self._seed_stream.integers(0, 2**31 - 1))
+        else:
+            self._seed_stream = np.random.default_rng(seed)
+            self._seed_stream.integers(0, 2**31 - 1)  # next unseeded reset gets a fresh track
+        scheme = options.pop("colour_scheme", None)
+        if scheme is None:
+            scheme = resolve_colour_scheme(options.pop("colour_preset", self.colour_preset), seed)
+        if not isinstance(scheme, ColourScheme):
+            raise TypeError(f"options['colour_scheme'] must be a ColourScheme, got {type(scheme).__name__}")
+        self.colour_scheme = scheme
+        self.track_seed = int(seed)
+        self.road_color = np.array(scheme.road, dtype=np.float64)
+        self.bg_color = np.array(scheme.background, dtype=np.float64)
+        self.grass_color = np.array(scheme.grass, dtype=np.float64)
+        options["randomize"] = False
+        observation, info = super().reset(seed=int(seed), options=options)
+        self.geometry = TrackGeometry.from_env_track(self.track)
+        info = dict(info)
+        info.update(track_seed=self.track_seed, colour_scheme=scheme.to_dict(), n_tiles=len(self.track))
+        return observation, info
+
+    def _render(self, mode: str):
+        if mode == "state_pixels" and not self.render_observations:
+            return self._blank_frame
+        return super()._render(mode)
+
+    def render_observation(self) -> np.ndarray:
+        """Draw the 96×96 state frame of the current state, even in render-free mode."""
+        return super()._render("state_pixels")
+
+
+gym.register(id=ENV_ID, entry_point=NsacCarRacing, max_episode_steps=MAX_EPISODE_STEPS)
+
+
+def make_car_racing(
+    colour_preset: str = "default",
+    render_observations: bool = True,
+    render_mode: str | None = None,
+    max_episode_steps: int = MAX_EPISODE_STEPS,
+) -> gym.Env:
+    """The one factory for CarRacing envs in nsacdrive (TimeLimit and order checks included).
+
+    Args:
+        colour_preset: a name from :func:`envs.colours.list_presets`.
+        render_observations: False skips pixel drawing on ``step`` (observations are zeros;
+            use ``env.unwrapped.render_observation()`` when a frame is needed).
+        render_mode: gymnasium render mode for ``env.render()`` (``human``/``rgb_array``).
+        max_episode_steps: truncation horizon (1000 = the standard CarRacing protocol).
+    """
+    if max_episode_steps <= 0:
+        raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
+    return gym.make(
+        ENV_ID,
+        colour_preset=colour_preset,
+        render_observations=render_observations,
+        render_mode=render_mode,
+        max_episode_steps=max_episode_steps,
+        disable_env_checker=True,
+    )

@@ -1,0 +1,139 @@
+"""Track geometry on the closed centreline polyline of a CarRacing track.
+
+Sign conventions (used everywhere in nsacdrive):
+
+* lateral error  > 0: the car is to the RIGHT of the centreline (in the travel direction);
+* heading error  > 0: the car points LEFT of (counter-clockwise from) the travel direction,
+  i.e. ``wrap(hull.angle − beta)`` as in the env's own angle convention;
+* curvature      > 0: the track turns LEFT (counter-clockwise); units rad per world unit.
+
+Projection is point-to-segment on the polyline (nearest-vertex projection quantises by up to
+half a segment, ~1.75 units). Everything is vectorised over query points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+TRACK_HALF_WIDTH = 40 / 6.0  # gymnasium's TRACK_WIDTH: the road is twice this wide
+CURVATURE_WINDOW = 10.0  # world units over which curvature_ahead averages the heading change
+
+
+def wrap_angle(angle: np.ndarray | float) -> np.ndarray:
+    """Wrap angles to [-pi, pi)."""
+    return (np.asarray(angle) + np.pi) % (2 * np.pi) - np.pi
+
+
+@dataclass(frozen=True)
+class TrackProjection:
+    """Where query points lie relative to the track (arrays broadcast like the query)."""
+
+    closest_point: np.ndarray  # (..., 2) foot of the perpendicular on the polyline
+    segment_index: np.ndarray  # (...,) index i of segment [p_i, p_{i+1}]
+    lateral_error: np.ndarray  # (...,) signed distance, + right of travel
+    progress: np.ndarray  # (...,) arc length of the projection from vertex 0, in [0, length)
+    progress_fraction: np.ndarray  # (...,) progress / length in [0, 1)
+    off_road: np.ndarray  # (...,) |lateral_error| > half width
+
+
+class TrackGeometry:
+    """A closed centreline polyline with arc length, headings and curvature."""
+
+    def __init__(self, centreline: np.ndarray, half_width: float = TRACK_HALF_WIDTH) -> None:
+        points = np.asarray(centreline, dtype=np.float64)
+        if points.ndim != 2 or points.shape[1] != 2 or len(points) < 3:
+            raise ValueError(f"centreline must have shape (N>=3, 2), got {points.shape}")
+        segments = np.roll(points, -1, axis=0) - points
+        lengths = np.hypot(segments[:, 0], segments[:, 1])
+        if np.any(lengths <= 0):
+            raise ValueError("centreline has repeated consecutive points (zero-length segment)")
+        self.points = points
+        self.half_width = float(half_width)
+        self.segments = segments
+        self.segment_length = lengths
+        self.segment_unit = segments / lengths[:, None]
+        self.vertex_arc = np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
+        self.length = float(lengths.sum())
+        # Math-convention heading of each segment (CCW from +x) and the turn at each vertex.
+        self.segment_angle = np.arctan2(segments[:, 1], segments[:, 0])
+        turn = wrap_angle(self.segment_angle - np.roll(self.segment_angle, 1))
+        # Unwrapped heading at the START of each segment, and the total turn of one lap (±2π).
+        self._heading_at_vertex = self.segment_angle[0] + np.concatenate([[0.0], np.cumsum(turn[1:])])
+        self.total_turn = float(turn.sum())
+
+    @classmethod
+    def from_env_track(cls, track: Sequence[Sequence[float]]) -> "TrackGeometry":
+        """Build from ``env.unwrapped.track``: a list of (alpha, beta, x, y)."""
+        array = np.asarray(track, dtype=np.float64)
+        if array.ndim != 2 or array.shape[1] != 4:
+            raise ValueError(f"env track must be a list of (alpha, beta, x, y), got shape {array.shape}")
+        return cls(array[:, 2:4])
+
+    # ------------------------------------------------------------------ projection
+    def project(self, positions: np.ndarray) -> TrackProjection:
+        """Project points (..., 2) onto the polyline (exact point-to-segment)."""
+        query = np.asarray(positions, dtype=np.float64)
+        flat = query.reshape(-1, 2)
+        rel = flat[:, None, :] - self.points[None, :, :]  # (M, N, 2)
+        t = np.einsum("mnk,nk->mn", rel, self.segments) / self.segment_length**2
+        np.clip(t, 0.0, 1.0, out=t)
+        offset = rel - t[..., None] * self.segments[None]
+        dist2 = np.einsum("mnk,mnk->mn", offset, offset)
+        index = np.argmin(dist2, axis=1)
+        rows = np.arange(len(flat))
+        t_best = t[rows, index]
+        closest = self.points[index] + t_best[:, None] * self.segments[index]
+        unit = self.segment_unit[index]
+        right_normal = np.stack([unit[:, 1], -unit[:, 0]], axis=1)
+        lateral = np.einsum("mk,mk->m", flat - closest, right_normal)
+        progress = self.vertex_arc[index] + t_best * self.segment_length[index]
+        shape = query.shape[:-1]
+        return TrackProjection(
+            closest_point=closest.reshape(*shape, 2),
+            segment_index=index.reshape(shape),
+            lateral_error=lateral.reshape(shape),
+            progress=progress.reshape(shape),
+            progress_fraction=(progress / self.length).reshape(shape),
+            off_road=(np.abs(lateral) > self.half_width).reshape(shape),
+        )
+
+    def travel_angle(self, segment_index: np.ndarray) -> np.ndarray:
+        """The env's ``beta`` of a segment: the angle whose forward vector (-sin, cos) is the travel direction."""
+        return wrap_angle(self.segment_angle[np.asarray(segment_index)] - np.pi / 2)
+
+    def heading_error(self, hull_angle: np.ndarray, segment_index: np.ndarray) -> np.ndarray:
+        """``wrap(hull.angle − beta)``: > 0 when the car points left of the travel direction."""
+        return wrap_angle(np.asarray(hull_angle) - self.travel_angle(segment_index))
+
+    # ------------------------------------------------------------------ along the track
+    def point_at(self, arc: np.ndarray) -> np.ndarray:
+        """Centreline points (..., 2) at arc lengths (any real value; the track is periodic)."""
+        s = np.mod(np.asarray(arc, dtype=np.float64), self.length)
+        index = np.clip(np.searchsorted(self.vertex_arc, s, side="right") - 1, 0, len(self.points) - 1)
+        frac = (s - self.vertex_arc[index]) / self.segment_length[index]
+        return self.points[index] + frac[..., None] * self.segments[index]
+
+    def unwrapped_heading(self, arc: np.ndarray) -> np.ndarray:
+        """Continuous heading (CCW, math convention) along the polyline; grows by total_turn per lap."""
+        arc = np.asarray(arc, dtype=np.float64)
+        laps = np.floor(arc / self.length)
+        s = arc - laps * self.length
+        index = np.clip(np.searchsorted(self.vertex_arc, s, side="right") - 1, 0, len(self.points) - 1)
+        return self._heading_at_vertex[index] + laps * self.total_turn
+
+    def mean_curvature(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Heading change between two arc lengths divided by their distance (> 0 turns left)."""
+        start = np.asarray(start, dtype=np.float64)
+        end = np.asarray(end, dtype=np.float64)
+        return (self.unwrapped_heading(end) - self.unwrapped_heading(start)) / (end - start)
+
+    def curvature_ahead(self, progress: np.ndarray, distances: np.ndarray, window: float = CURVATURE_WINDOW) -> np.ndarray:
+        """Mean curvature over ``[d − window/2, d + window/2]`` ahead of each progress value.
+
+        Returns shape ``progress.shape + distances.shape``.
+        """
+        centre = np.asarray(progress, dtype=np.float64)[..., None] + np.asarray(distances, dtype=np.float64)
+        return self.mean_curvature(centre - window / 2, centre + window / 2)

@@ -1,0 +1,123 @@
+"""Privileged state of a CarRacing car: what experts and state-based RL observe instead of pixels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.geometry import TrackGeometry, TrackProjection, wrap_angle
+
+#: Distances (world units) ahead of the car's projection at which curvature is sampled.
+CURVATURE_LOOKAHEAD = np.array([5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 80.0])
+
+STATE_FIELDS: tuple[str, ...] = (
+    "forward_speed",
+    "lateral_speed",
+    "yaw_rate",
+    "steering_angle",
+    "front_wheel_slip",
+    "rear_wheel_slip",
+    "lateral_error",
+    "heading_error",
+    "progress_fraction",
+    *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD),
+)
+
+
+@dataclass(frozen=True)
+class CarPose:
+    """Pose and velocities of the hull; speeds in world units/s, angles in rad."""
+
+    x: float
+    y: float
+    angle: float  # wrapped hull angle (the env's convention: forward = (-sin, cos))
+    forward_speed: float  # + forward
+    lateral_speed: float  # + right
+    yaw_rate: float  # + counter-clockwise
+    steering_angle: float  # front wheel joint angle (+ = wheels turned left)
+    front_wheel_slip: float  # mean wheel rim speed − forward speed: < 0 braking skid
+    rear_wheel_slip: float  # > 0 wheel spin under throttle (rear-wheel drive)
+
+    @property
+    def position(self) -> np.ndarray:
+        return np.array([self.x, self.y])
+
+    @property
+    def speed(self) -> float:
+        return float(np.hypot(self.forward_speed, self.lateral_speed))
+
+
+def car_pose(car) -> CarPose:
+    """Read the pose of a gymnasium ``Car`` (``env.unwrapped.car``)."""
+    hull = car.hull
+    local_velocity = hull.GetLocalVector(hull.linearVelocity)  # +x right, +y forward
+    return CarPose(
+        x=float(hull.position[0]),
+        y=float(hull.position[1]),
+        angle=float(wrap_angle(hull.angle)),
+        forward_speed=float(local_velocity[1]),
+        lateral_speed=float(local_velocity[0]),
+        yaw_rate=float(hull.angularVelocity),
+        steering_angle=float(car.wheels[0].joint.angle),
+        front_wheel_slip=_wheel_slip(car.wheels[:2], local_velocity[1]),
+        rear_wheel_slip=_wheel_slip(car.wheels[2:], local_velocity[1]),
+    )
+
+
+def _wheel_slip(wheels, forward_speed: float) -> float:
+    return float(np.mean([w.omega * w.wheel_rad for w in wheels]) - forward_speed)
+
+
+@dataclass(frozen=True)
+class PrivilegedState:
+    """Car pose plus its relation to the track; ``as_vector`` follows :data:`STATE_FIELDS`."""
+
+    pose: CarPose
+    projection: TrackProjection
+    heading_error: float
+    curvature_ahead: np.ndarray  # at CURVATURE_LOOKAHEAD, > 0 turns left
+    geometry: TrackGeometry  # the track itself, for agents that plan along it
+
+    @property
+    def lateral_error(self) -> float:
+        return float(self.projection.lateral_error)
+
+    @property
+    def progress(self) -> float:
+        return float(self.projection.progress)
+
+    def as_vector(self) -> np.ndarray:
+        pose = self.pose
+        return np.array(
+            [
+                pose.forward_speed,
+                pose.lateral_speed,
+                pose.yaw_rate,
+                pose.steering_angle,
+                pose.front_wheel_slip,
+                pose.rear_wheel_slip,
+                self.lateral_error,
+                self.heading_error,
+                float(self.projection.progress_fraction),
+                *self.curvature_ahead,
+            ],
+            dtype=np.float32,
+        )
+
+
+def privileged_state(env) -> PrivilegedState:
+    """The privileged state of an :class:`envs.car_racing.NsacCarRacing` (any wrapper depth)."""
+    base = env.unwrapped
+    geometry: TrackGeometry | None = getattr(base, "geometry", None)
+    if geometry is None or base.car is None:
+        raise RuntimeError("privileged_state needs an NsacCarRacing env that has been reset")
+    pose = car_pose(base.car)
+    projection = geometry.project(pose.position)
+    return PrivilegedState(
+        pose=pose,
+        projection=projection,
+        heading_error=float(geometry.heading_error(pose.angle, projection.segment_index)),
+        curvature_ahead=geometry.curvature_ahead(projection.progress, CURVATURE_LOOKAHEAD),
+        geometry=geometry,
+    )

@@ -1,0 +1,56 @@
+"""Atomic file writes: write to a temporary file in the target folder, fsync, then rename.
+
+A reader (or a resumed job) therefore sees either the old file or the complete new one, never
+a half-written file. Temporary files carry the suffix ``.partial`` so a resume can clean them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PARTIAL_SUFFIX = ".partial"
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; finished files get normal permissions
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def remove_partial_files(folder: str | os.PathLike[str]) -> int:
+    """Delete leftovers of interrupted atomic writes in ``folder``; returns how many."""
+    removed = 0
+    for leftover in Path(folder).glob(f".*{PARTIAL_SUFFIX}"):
+        leftover.unlink()
+        removed += 1
+    return removed

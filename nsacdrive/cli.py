@@ -1,0 +1,142 @@
+"""The ``nsacdrive`` command line: one command, one subcommand per job.
+
+Every subcommand validates its arguments up front and fails with a message that names the
+argument and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
+os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+app = typer.Typer(
+    help="nsacdrive: uncertainty-aware, interpretable driving control judged in closed loop.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Inspect demonstration datasets.", no_args_is_help=True)
+expert_app = typer.Typer(help="The privileged experts (teachers).", no_args_is_help=True)
+env_app = typer.Typer(help="Environment facts: colour presets, track geometry.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(expert_app, name="expert")
+app.add_typer(env_app, name="env")
+
+
+def _seeds(text: str, argument: str = "--seeds") -> list[int]:
+    from nsacdrive.seeds import parse_seeds
+
+    try:
+        return parse_seeds(text, argument)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _presets(text: str) -> list[str]:
+    from envs.colours import validate_preset
+
+    presets = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return [validate_preset(p) for p in presets]
+    except ValueError as exc:
+        raise typer.BadParameter(f"--colour-preset: {exc}") from None
+
+
+@app.command()
+def collect(
+    out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
+    agent: str = typer.Option("expert", "--agent", help="Agent spec: expert."),
+    seeds: str = typer.Option("0-49", "--seeds", help="Track seeds, e.g. '0-49' or '42,1000-1009'."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated presets: default, shift-1..5, random, random-N, color-v0."),
+    noise: float = typer.Option(0.0, "--noise", help="Std of Gaussian noise on the EXECUTED steer and pedal (labels stay clean)."),
+    noise_seed: int = typer.Option(0, "--noise-seed", help="Salt of the noise stream (with the track seed)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes."),
+    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip episodes already complete in --out."),
+) -> None:
+    """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset)."""
+    from data_collection.recorder import NoiseConfig, collect as run_collect
+
+    try:
+        summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
+                              workers=workers, resume=resume, max_steps=max_steps)
+    except (ValueError, FileExistsError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"wrote {summary.written} episodes ({summary.steps} steps, {summary.steps_per_second:.0f} steps/s), "
+        f"skipped {summary.skipped} already complete → {out}"
+    )
+
+
+@data_app.command("info")
+def data_info(
+    path: Path = typer.Argument(..., help="Dataset folder written by `nsacdrive collect`."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Warn about and skip corrupt episodes instead of failing."),
+) -> None:
+    """Summarise a dataset: episodes, frames, seeds, sources, colour schemes, action statistics."""
+    from data_collection.dataset import DatasetError
+    from data_collection.episode import EpisodeFileError
+    from data_collection.summary import summarize
+
+    try:
+        summary = summarize(path, on_error="skip" if skip_bad else "raise")
+    except (DatasetError, EpisodeFileError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.to_text())
+
+
+@expert_app.command("evaluate")
+def expert_evaluate(
+    seeds: str = typer.Option("1000-1099", "--seeds", help="Held-out track seeds."),
+    agent: str = typer.Option("expert", "--agent", help="Agent spec."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help="One colour preset."),
+    workers: int = typer.Option(2, "--workers", min=1),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write per-episode results as JSON here."),
+) -> None:
+    """Score an agent on held-out tracks (render-free when it needs no pixels)."""
+    from agents.quality import evaluate_agent
+    from nsacdrive.atomic import atomic_write_json
+
+    presets = _presets(colour_preset)
+    if len(presets) != 1:
+        raise typer.BadParameter("--colour-preset: give exactly one preset")
+    try:
+        report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    agg = report.aggregate()
+    typer.echo(
+        f"{agent} on {agg['episodes']} tracks ({presets[0]}): score {agg['score_mean']:.1f} ± {agg['score_std']:.1f} "
+        f"(min {agg['score_min']:.1f}), lap finished {100 * agg['lap_finished_rate']:.0f}%, "
+        f"score ≥ 900 {100 * agg['score_ge_900_rate']:.0f}%, mean |lateral error| {agg['mean_abs_lateral_error']:.2f}"
+    )
+    if out is not None:
+        atomic_write_json(out, {"agent": agent, "seeds": seeds, "colour_preset": presets[0], **report.to_dict()})
+        typer.echo(f"per-episode results → {out}")
+
+
+@env_app.command("presets")
+def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
+    """List the colour presets and the colours they give on one track seed."""
+    from envs.colours import list_presets, resolve_colour_scheme
+
+    typer.echo(f"{'preset':<10}{'road':>22}{'background':>22}{'grass':>22}")
+    for name in list_presets():
+        resolved = name.replace("random-N", "random-7")
+        s = resolve_colour_scheme(resolved, seed)
+        fmt = lambda c: "(" + ",".join(f"{v:.0f}" for v in c) + ")"  # noqa: E731
+        typer.echo(f"{resolved:<10}{fmt(s.road):>22}{fmt(s.background):>22}{fmt(s.grass):>22}")
+
+
+if __name__ == "__main__":
+    app()

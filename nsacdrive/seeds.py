@@ -1,0 +1,37 @@
+"""Seed lists on the command line: ``"0-49"``, ``"42,1000-1009"``."""
+
+from __future__ import annotations
+
+import re
+
+
+def parse_seeds(text: str, argument: str = "--seeds") -> list[int]:
+    """Parse comma-separated seeds and inclusive ranges; order kept, duplicates rejected."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not match:
+            raise ValueError(f"{argument}: cannot parse {part!r} in {text!r}; expected e.g. '0-49' or '42,1000-1009'")
+        start = int(match.group(1))
+        stop = int(match.group(2)) if match.group(2) is not None else start
+        if stop < start:
+            raise ValueError(f"{argument}: range {part!r} runs backwards")
+        seeds.extend(range(start, stop + 1))
+    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"{argument}: seeds listed twice: {duplicates[:10]}")
+    return seeds
+
+
+def format_seeds(seeds: list[int] | set[int]) -> str:
+    """Compact inverse of :func:`parse_seeds` (sorted): ``[0,1,2,5]`` → ``"0-2,5"``."""
+    ordered = sorted(set(int(s) for s in seeds))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,42 @@
+"""Shared test setup: headless pygame, importable project packages, hypothesis profile, env helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# pygame must never open a window or an audio device in tests; set before anything imports it.
+os.environ["SDL_VIDEODRIVER"] = "dummy"
+os.environ["SDL_AUDIODRIVER"] = "dummy"
+
+# Put the repository root first so `envs` / `agents` resolve to the source packages even when the
+# editable install's finder is stale (e.g. it registered a package as a namespace before its
+# __init__.py existed) or pytest is started from another directory.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Geometry properties are pure numpy and fast; no deadline so a slow CI core cannot flake them.
+settings.register_profile(
+    "nsacdrive",
+    deadline=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nsacdrive"))
+
+
+@pytest.fixture
+def render_free_env():
+    """A render-free default-colour env (observations are zeros) with a short horizon."""
+    from envs import make_car_racing
+
+    env = make_car_racing(render_observations=False, max_episode_steps=200)
+    yield env
+    env.close()
+
