@@ -28,6 +28,8 @@ settings.register_profile(
     max_examples=60,
     suppress_health_check=[HealthCheck.too_slow],
 )
+# HYPOTHESIS_PROFILE=thorough for a long local search (not part of the fast suite).
+settings.register_profile("thorough", parent=settings.get_profile("nsacdrive"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nsacdrive"))
 
 

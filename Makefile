@@ -1,0 +1,37 @@
+# nsacdrive: every target installs what it needs first (venv in .venv, CPU torch 2.13.0).
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+NSAC := $(VENV)/bin/nsacdrive
+STAMP := $(VENV)/.installed
+export SDL_VIDEODRIVER ?= dummy
+export SDL_AUDIODRIVER ?= dummy
+export PYGAME_HIDE_SUPPORT_PROMPT = 1
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The main job end to end on built-in defaults (grows as later stages land).
+demo: install
+	$(NSAC) collect --agent expert --seeds 0-2 --colour-preset default,shift-3 --out data/demo --workers 2 --resume
+	$(NSAC) data info data/demo
+
+test: install
+	$(PY) -m pytest -n 2 -q --durations=10
+
+test-fast: install
+	$(PY) -m pytest -n 2 -q -m "not slow"
+
+bench: install
+	$(PY) bench/run.py
+
+clean:
+	rm -rf data/demo bench/results .pytest_cache
