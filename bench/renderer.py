@@ -1,0 +1,115 @@
+"""Fast vs stock CarRacing renderer: env throughput and pixel fidelity, printed as one table.
+
+Speed: the same expert action sequence replayed in a stock-renderer env and a fast-renderer
+env (one core, one run, side by side), plus render-free physics for reference.
+Fidelity: expert episodes on 20 track seeds cycling through several colour presets; at every
+sampled step BOTH renderers draw the SAME env state (so HUD, score and zoom-in agree exactly),
+and we report the mean absolute pixel difference (0–255 scale), the 99th percentile of
+per-frame means, the worst frame, and PSNR, over ≥ 2,000 frames including the zoom-in.
+
+Usage: ``python bench/renderer.py [--quick]`` (part of ``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
+
+from agents.expert import PurePursuitExpert  # noqa: E402
+from agents.rollout import drive  # noqa: E402
+from envs.car_racing import make_car_racing  # noqa: E402
+from nsacdrive.atomic import atomic_write_json  # noqa: E402
+
+FIDELITY_PRESETS = ("default", "shift-3", "random", "color-v0", "shift-5")
+
+
+def replay_speed(actions: list[np.ndarray], seed: int) -> dict[str, float]:
+    out = {}
+    for name, kwargs in (("stock", {"renderer": "stock"}), ("fast", {"renderer": "fast"}),
+                         ("render_free", {"render_observations": False})):
+        env = make_car_racing(max_episode_steps=len(actions) + 1, **kwargs)
+        env.reset(seed=seed)
+        start = time.perf_counter()
+        for action in actions:
+            env.step(action)
+        out[name] = len(actions) / (time.perf_counter() - start)
+    out["fast_over_stock"] = out["fast"] / out["stock"]
+    return out
+
+
+def fidelity(seeds: list[int], frames_per_seed: int) -> dict[str, float]:
+    per_frame_mae, squared_errors, intro_mae = [], [], []
+    for i, seed in enumerate(seeds):
+        preset = FIDELITY_PRESETS[i % len(FIDELITY_PRESETS)]
+        env = make_car_racing(colour_preset=preset, render_observations=False, renderer="fast")
+        base = env.unwrapped
+        n_steps = sum(1 for _ in drive(env, PurePursuitExpert(), seed=seed))  # render-free: cheap
+        # sample the zoom-in (every 5th of the first 50 steps) and evenly over the rest of the lap
+        wanted = set(range(0, 50, 5)) | set(np.linspace(50, n_steps - 1, frames_per_seed - 10, dtype=int).tolist())
+        for t, _ in enumerate(drive(env, PurePursuitExpert(), seed=seed)):  # the same drive again
+            if t in wanted:
+                fast = base.render_observation().astype(np.float64)
+                stock = CarRacing._render(base, "state_pixels").astype(np.float64)
+                error = np.abs(fast - stock)
+                per_frame_mae.append(error.mean())
+                squared_errors.append((error**2).mean())
+                if t < 50:
+                    intro_mae.append(error.mean())
+        env.close()
+    mae = np.array(per_frame_mae)
+    mse = float(np.mean(squared_errors))
+    return {
+        "frames": len(mae),
+        "mae_mean": float(mae.mean()),
+        "mae_p99": float(np.percentile(mae, 99)),
+        "mae_max": float(mae.max()),
+        "mae_zoom_in": float(np.mean(intro_mae)),
+        "psnr_db": float(10 * np.log10(255.0**2 / mse)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    args = parser.parse_args()
+    steps = 200 if args.quick else 800
+    env = make_car_racing(render_observations=False, max_episode_steps=steps)
+    actions = [step.executed for step in drive(env, PurePursuitExpert(), seed=0)]
+    speed = replay_speed(actions, seed=0)
+    seeds = list(range(2000, 2004 if args.quick else 2020))
+    fid = fidelity(seeds, frames_per_seed=25 if args.quick else 110)
+    rows = [
+        ("env steps/s, stock renderer (1 core)", f"{speed['stock']:.0f}"),
+        ("env steps/s, fast renderer (1 core)", f"{speed['fast']:.0f}"),
+        ("  fast / stock", f"{speed['fast_over_stock']:.1f}×"),
+        ("env steps/s, render-free physics", f"{speed['render_free']:.0f}"),
+        (f"fidelity frames ({len(seeds)} seeds, presets {', '.join(FIDELITY_PRESETS)})", f"{fid['frames']}"),
+        ("mean |fast − stock| (0–255)", f"{fid['mae_mean']:.3f}"),
+        ("99th percentile of per-frame means", f"{fid['mae_p99']:.3f}"),
+        ("worst frame mean", f"{fid['mae_max']:.3f}"),
+        ("mean during zoom-in (first 50 steps)", f"{fid['mae_zoom_in']:.3f}"),
+        ("PSNR", f"{fid['psnr_db']:.1f} dB"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'renderer benchmark':<{width}}  value\n{'-' * width}  {'-' * 12}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    out = ROOT / "bench" / "results" / ("renderer-quick.json" if args.quick else "renderer.json")
+    atomic_write_json(out, {"speed": speed, "fidelity": fid, "seeds": seeds, "presets": FIDELITY_PRESETS})
+    print(f"\nsaved → {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
