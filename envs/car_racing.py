@@ -107,7 +107,12 @@ class NsacCarRacing(CarRacing):
 
     def render_observation(self) -> np.ndarray:
         """Draw the 96×96 state frame of the current state (with the configured renderer),
-        even in render-free mode."""
+        even in render-free mode.
+
+        Called after ``step`` it differs from that step's observation only in the HUD score
+        digits when their integer part changes: ``step`` draws its frame before subtracting the
+        step's 0.1 from the score (HUD rows are cropped by the preprocessing anyway).
+        """
         if self._fast_renderer is not None:
             if "t" not in self.__dict__:
                 return self._blank_frame  # like stock: nothing to draw before the first reset

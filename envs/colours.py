@@ -10,8 +10,8 @@ Preset grammar (see :func:`list_presets`):
 ``default``
     Stock colours: road (102,102,102), background (102,204,102), grass (102,230,102).
 ``shift-K`` (K = 1..5)
-    Graded shift along one severity axis: background and grass hues rotated by 30°·K in HSV
-    (green → yellow → orange → red → magenta), road brightness scaled by (1 − 0.08·K).
+    Graded shift along one severity axis: background and grass hues rotated by +30°·K in HSV
+    (green → spring green → cyan → azure → blue → violet), road brightness scaled by (1 − 0.08·K).
     Saturation and value of the green areas are kept, so only hue and road contrast move.
 ``random``
     gymnasium's ``domain_randomize`` distribution (road and background U(0,210)³, grass =

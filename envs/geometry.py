@@ -90,6 +90,7 @@ class TrackGeometry:
         right_normal = np.stack([unit[:, 1], -unit[:, 0]], axis=1)
         lateral = np.einsum("mk,mk->m", flat - closest, right_normal)
         progress = self.vertex_arc[index] + t_best * self.segment_length[index]
+        progress = np.where(progress >= self.length, progress - self.length, progress)  # lap seam → 0
         shape = query.shape[:-1]
         return TrackProjection(
             closest_point=closest.reshape(*shape, 2),

@@ -314,10 +314,8 @@ def test_projection_progress_range_and_point_at_returns_closest_point(polygon, p
     geometry = TrackGeometry(polygon)
     projection = geometry.project(point)
     progress = float(projection.progress)
-    # Documented range is [0, length). Known bug (see the xfail test at the end): at the lap seam
-    # the projection can report the END of the last segment, i.e. length (give or take an ulp).
-    assert 0.0 <= progress <= geometry.length * (1 + 1e-12)
-    assert 0.0 <= float(projection.progress_fraction) <= 1.0 + 1e-12
+    assert 0.0 <= progress < geometry.length
+    assert 0.0 <= float(projection.progress_fraction) < 1.0
     assert float(projection.progress_fraction) == pytest.approx(progress / geometry.length)
     scale = 1e-9 * (1.0 + np.abs(polygon).max() + np.abs(point).max())
     np.testing.assert_allclose(geometry.point_at(progress), projection.closest_point, atol=scale * 10)
@@ -410,16 +408,11 @@ def test_wrap_angle_boundaries_and_vectorisation():
                                [0.0, -0.5 * np.pi, 0.5 * np.pi, -np.pi])
 
 
-# --------------------------------------------------------------------------- known bug
+# --------------------------------------------------------------------------- lap seam
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG envs/geometry.py project(): a point whose closest point is vertex 0 reached via the "
-    "last segment (t clipped to 1) gets progress == length and progress_fraction == 1.0, outside the "
-    "documented [0, length) / [0, 1)",
-)
 def test_progress_fraction_is_below_one_at_lap_seam():
+    """Vertex 0 reached via the end of the last segment reports progress 0, not the lap length."""
     square = TrackGeometry(np.array([[0.0, 0.0], [10.0, 0.0], [10.0, 10.0], [0.0, 10.0]]))
     projection = square.project(np.array([-0.3, -0.1]))  # closest point: vertex 0
     np.testing.assert_allclose(projection.closest_point, [0.0, 0.0], atol=1e-12)
