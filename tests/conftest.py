@@ -1,4 +1,4 @@
-"""Shared test setup: headless pygame, importable project packages, hypothesis profile, env helpers."""
+"""Shared test setup: headless pygame, importable project packages, hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Geometry properties are pure numpy and fast; no deadline so a slow CI core cannot flake them.
@@ -33,12 +31,6 @@ settings.register_profile("thorough", parent=settings.get_profile("nsacdrive"), 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nsacdrive"))
 
 
-@pytest.fixture
-def render_free_env():
-    """A render-free default-colour env (observations are zeros) with a short horizon."""
-    from envs import make_car_racing
-
-    env = make_car_racing(render_observations=False, max_episode_steps=200)
-    yield env
-    env.close()
-
+def pytest_configure(config):
+    # Box2D's SWIG bindings warn on import under Python 3.11+; not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore:builtin type .* has no __module__ attribute:DeprecationWarning")

@@ -1,0 +1,267 @@
+"""PurePursuitExpert: sign conventions on hand-built states, purity, and closed-loop driving.
+
+Signs (verified end to end in test_env.py::test_steering_right_moves_car_right_of_centreline...):
+action steer > 0 turns right; lateral error > 0 is right of the centreline; heading error > 0 is
+the nose pointing left of travel. So a car right of centre, or pointing right, must get steer < 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from agents import PurePursuitConfig, PurePursuitExpert
+from agents.base import Agent
+from envs import make_car_racing, privileged_state
+from envs.geometry import TrackGeometry
+from envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
+
+# --------------------------------------------------------------------------- synthetic states
+
+
+def loop(width: float = 400.0, height: float = 40.0, step: float = 1.0) -> TrackGeometry:
+    """Counter-clockwise rectangle with a vertex every ``step``: +x along y=0 first."""
+    corners = np.array([[0.0, 0.0], [width, 0.0], [width, height], [0.0, height]])
+    points = []
+    for a, b in zip(corners, np.roll(corners, -1, axis=0)):
+        n = int(round(np.hypot(*(b - a)) / step))
+        points.extend(a + (b - a) * k / n for k in range(n))
+    return TrackGeometry(np.array(points))
+
+
+def circle(radius: float, n: int = 720) -> TrackGeometry:
+    theta = np.linspace(0.0, 2 * np.pi, n, endpoint=False)
+    return TrackGeometry(radius * np.stack([np.cos(theta), np.sin(theta)], axis=1))
+
+
+LOOP = loop()
+
+
+def make_state(geometry: TrackGeometry, x: float, y: float, direction: float, speed: float = 0.0, **pose) -> PrivilegedState:
+    """A privileged state for a car at (x, y) whose nose points along math angle ``direction``.
+
+    Pose fields not given (steering angle, wheel slips, ...) are zero, so this keeps working when
+    CarPose grows fields.
+    """
+    hull_angle = float(np.arctan2(np.sin(direction - np.pi / 2), np.cos(direction - np.pi / 2)))
+    values = {f.name: 0.0 for f in dataclasses.fields(CarPose)}
+    values.update(x=float(x), y=float(y), angle=hull_angle, forward_speed=float(speed), **pose)
+    car = CarPose(**values)
+    projection = geometry.project(car.position)
+    return PrivilegedState(
+        pose=car,
+        projection=projection,
+        heading_error=float(geometry.heading_error(car.angle, projection.segment_index)),
+        curvature_ahead=geometry.curvature_ahead(projection.progress, CURVATURE_LOOKAHEAD),
+        geometry=geometry,
+    )
+
+
+BLANK = np.zeros((96, 96, 3), dtype=np.uint8)
+
+
+def steer_of(state: PrivilegedState, expert: PurePursuitExpert | None = None) -> float:
+    return float((expert or PurePursuitExpert()).act(BLANK, state)[0])
+
+
+def test_synthetic_state_has_intended_errors():
+    state = make_state(LOOP, 100.0, -2.0, direction=0.2, speed=10.0)
+    assert state.lateral_error == pytest.approx(2.0)  # below the +x straight = right of travel
+    assert state.heading_error == pytest.approx(0.2)  # nose rotated CCW = left of travel
+    assert state.progress == pytest.approx(100.0)
+
+
+def test_centred_and_aligned_car_goes_straight():
+    assert steer_of(make_state(LOOP, 100.0, 0.0, direction=0.0, speed=30.0)) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("offset", [0.5, 2.0, 5.0])
+@pytest.mark.parametrize("speed", [0.0, 40.0])
+def test_car_right_of_centre_steers_left_and_left_of_centre_steers_right(offset, speed):
+    right_of_centre = make_state(LOOP, 100.0, -offset, direction=0.0, speed=speed)
+    left_of_centre = make_state(LOOP, 100.0, offset, direction=0.0, speed=speed)
+    assert right_of_centre.lateral_error > 0 > left_of_centre.lateral_error
+    steer_right_case = steer_of(right_of_centre)
+    assert steer_right_case < 0
+    assert steer_of(left_of_centre) == pytest.approx(-steer_right_case, abs=1e-6)  # mirror symmetry
+
+
+@pytest.mark.parametrize("heading", [0.1, 0.5, 1.2])
+def test_car_pointing_left_steers_right_and_vice_versa(heading):
+    nose_left = make_state(LOOP, 100.0, 0.0, direction=heading, speed=20.0)
+    nose_right = make_state(LOOP, 100.0, 0.0, direction=-heading, speed=20.0)
+    assert nose_left.heading_error > 0 > nose_right.heading_error
+    assert steer_of(nose_left) > 0
+    assert steer_of(nose_right) == pytest.approx(-steer_of(nose_left), abs=1e-6)
+
+
+def test_steering_grows_with_offset_until_saturation():
+    steers = [steer_of(make_state(LOOP, 100.0, -d, direction=0.0, speed=20.0)) for d in (0.5, 1.0, 2.0, 4.0, 30.0)]
+    assert all(a > b for a, b in zip(steers, steers[1:4])), steers
+    assert steers[-1] == -1.0  # clipped to the action space
+
+
+def test_steers_into_a_left_hand_curve_when_on_centreline():
+    # on a CCW circle, a car on the centreline pointing along the tangent must turn left
+    radius = 40.0
+    state = make_state(circle(radius), radius, 0.0, direction=np.pi / 2, speed=20.0)
+    assert abs(state.lateral_error) < 0.01 and abs(state.heading_error) < 0.01
+    assert steer_of(state) < 0
+
+
+def test_target_speed_is_max_speed_on_a_long_straight():
+    config = PurePursuitConfig(max_speed=90.0, plan_horizon=150.0, curvature_window=8.0)
+    expert = PurePursuitExpert(config)
+    # from progress 100 the 150-unit horizon (plus window) ends at 258 < 400, the first corner
+    assert expert.target_speed(make_state(LOOP, 100.0, 0.0, direction=0.0)) == 90.0
+
+
+@pytest.mark.parametrize("radius", [20.0, 50.0, 120.0])
+def test_target_speed_on_a_circle_is_lateral_accel_limited(radius):
+    config = PurePursuitConfig(max_speed=1000.0, lateral_accel=100.0, curvature_window=8.0)
+    state = make_state(circle(radius), radius, 0.0, direction=np.pi / 2)
+    # constant curvature 1/R: v = sqrt(a_lat * R), up to the polygon's curvature quantisation
+    assert PurePursuitExpert(config).target_speed(state) == pytest.approx(np.sqrt(100.0 * radius), rel=0.05)
+    capped = PurePursuitConfig(max_speed=10.0, lateral_accel=100.0)
+    assert PurePursuitExpert(capped).target_speed(state) == 10.0
+
+
+def test_target_speed_falls_when_approaching_a_corner():
+    expert = PurePursuitExpert(PurePursuitConfig(max_speed=200.0, plan_horizon=150.0))
+    speeds = [expert.target_speed(make_state(LOOP, x, 0.0, direction=0.0)) for x in (100.0, 300.0, 340.0, 370.0, 390.0)]
+    assert speeds[0] == 200.0
+    assert all(a > b for a, b in zip(speeds, speeds[1:])), speeds
+    # harder assumed braking allows a later slow-down
+    strong_brakes = PurePursuitExpert(PurePursuitConfig(max_speed=200.0, plan_horizon=150.0, brake_accel=200.0))
+    assert strong_brakes.target_speed(make_state(LOOP, 340.0, 0.0, direction=0.0)) > speeds[2]
+
+
+def test_accelerates_from_rest_and_brakes_when_far_too_fast():
+    expert = PurePursuitExpert()
+    steer, gas, brake = expert.act(BLANK, make_state(LOOP, 100.0, 0.0, direction=0.0, speed=0.0))
+    assert gas > 0.5 and brake == 0.0
+    # 390: 10 units before a 90-degree corner, at a speed no config can corner at
+    steer, gas, brake = expert.act(BLANK, make_state(LOOP, 390.0, 0.0, direction=0.0, speed=400.0))
+    assert gas == 0.0 and brake > 0.0
+
+
+# --------------------------------------------------------------------------- agent contract and purity
+
+
+def test_expert_satisfies_agent_protocol():
+    expert = PurePursuitExpert()
+    assert isinstance(expert, Agent)
+    assert expert.agent_id == "pure-pursuit"
+    assert expert.source == "expert"
+    assert expert.needs_pixels is False
+    config = json.loads(json.dumps(expert.config()))
+    assert config["agent_id"] == "pure-pursuit"
+    for field in dataclasses.fields(PurePursuitConfig):
+        assert config[field.name] == getattr(expert.cfg, field.name)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        PurePursuitConfig(steer_gain=0.0)
+    with pytest.raises(ValueError):
+        PurePursuitConfig(max_speed=-1.0)
+    with pytest.raises(ValueError):
+        PurePursuitConfig(lateral_accel=0.0)
+    with pytest.raises(ValueError, match="curvature_samples"):
+        PurePursuitConfig(curvature_samples=0)
+
+
+def test_act_is_a_pure_function_of_the_state():
+    env = make_car_racing(render_observations=False)
+    obs, _ = env.reset(seed=0)
+    for _ in range(30):
+        obs, *_ = env.step(np.array([0.3, 0.6, 0.0], dtype=np.float32))
+    state = privileged_state(env)
+    vector = state.as_vector().copy()
+    expert = PurePursuitExpert()
+    first = expert.act(obs, state)
+    np.testing.assert_array_equal(expert.act(obs, state), first)
+    np.testing.assert_array_equal(PurePursuitExpert().act(obs, state), first)
+    expert.reset()
+    np.testing.assert_array_equal(expert.act(obs, state), first)
+    noise = np.random.default_rng(0).integers(0, 256, size=(96, 96, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(expert.act(noise, state), first)  # pixels are ignored
+    np.testing.assert_array_equal(state.as_vector(), vector)  # the state is not modified
+    env.close()
+
+
+# --------------------------------------------------------------------------- closed loop
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_expert_drives_200_steps_on_the_road_and_makes_progress(seed):
+    env = make_car_racing(render_observations=False, max_episode_steps=200)
+    expert = PurePursuitExpert()
+    obs, _ = env.reset(seed=seed)
+    expert.reset()
+    low, high = env.action_space.low, env.action_space.high
+    start = privileged_state(env)
+    geometry = start.geometry
+    travelled = 0.0
+    previous = start.progress
+    lateral = []
+    for step in range(200):
+        state = privileged_state(env)
+        lateral.append(state.lateral_error)
+        assert abs(state.lateral_error) < geometry.half_width, f"off road at step {step}"
+        assert not bool(state.projection.off_road)
+        action = expert.act(obs, state)
+        assert action.dtype == np.float32 and action.shape == (3,)
+        assert np.all(action >= low) and np.all(action <= high), action
+        obs, _, terminated, truncated, _ = env.step(action)
+        assert not terminated
+        # progress made this step, unwrapped across the lap seam
+        now = privileged_state(env).progress
+        delta = (now - previous + geometry.length / 2) % geometry.length - geometry.length / 2
+        assert delta > -0.5, "the expert never drives backwards"
+        travelled += delta
+        previous = now
+    assert truncated  # the 200-step horizon, not a crash, ended the episode
+    assert travelled > 150.0
+    assert privileged_state(env).pose.forward_speed > 20.0
+    assert np.mean(np.abs(lateral)) < 3.0
+    env.close()
+
+
+def perturb(env, seed: int, steps: int = 50):
+    """Drive with a random steering wheel held for 10 steps at a time: the car leaves the line."""
+    rng = np.random.default_rng(seed)
+    obs = None
+    for k in range(steps):
+        if k % 10 == 0:
+            steer = float(rng.uniform(-1, 1))
+        obs, *_ = env.step(np.array([steer, 0.4, 0.0], dtype=np.float32))
+    return obs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4])
+def test_expert_labels_a_perturbed_state_by_steering_back_and_recovers(seed):
+    env = make_car_racing(render_observations=False, max_episode_steps=200)
+    env.reset(seed=seed)
+    obs = perturb(env, seed)
+    state = privileged_state(env)
+    geometry = state.geometry
+    assert abs(state.lateral_error) > 5.0  # really perturbed
+    expert = PurePursuitExpert()
+    steer = float(expert.act(obs, state)[0])
+    # right of centre (lateral > 0) => steer left (< 0), and vice versa
+    assert np.sign(steer) == -np.sign(state.lateral_error)
+    assert abs(steer) > 0.5
+    lateral = []
+    for _ in range(100):
+        state = privileged_state(env)
+        lateral.append(state.lateral_error)
+        obs, _, terminated, _, _ = env.step(expert.act(obs, state))
+        assert not terminated
+    lateral = np.abs(np.array(lateral))
+    assert lateral.min() < 1.0  # it reaches the centreline
+    assert lateral[-30:].max() < geometry.half_width  # and stays on the road
+    env.close()
