@@ -8,7 +8,7 @@ export SDL_VIDEODRIVER ?= dummy
 export SDL_AUDIODRIVER ?= dummy
 export PYGAME_HIDE_SUPPORT_PROMPT = 1
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo lint test test-fast bench clean
 
 install: $(STAMP)
 
@@ -24,7 +24,10 @@ demo: install
 	$(NSAC) collect --agent expert --seeds 0-2 --colour-preset default,shift-3 --out data/demo --workers 2 --resume
 	$(NSAC) data info data/demo
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
 	$(PY) -m pytest -n 2 -q --durations=10
 
 test-fast: install
@@ -32,6 +35,7 @@ test-fast: install
 
 bench: install
 	$(PY) bench/run.py
+	$(PY) bench/renderer.py
 
 clean:
 	rm -rf data/demo bench/results .pytest_cache

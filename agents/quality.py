@@ -27,7 +27,8 @@ class EpisodeQuality:
 
 def episode_quality(agent_spec: str, seed: int, colour_preset: str = "default") -> EpisodeQuality:
     agent = make_agent(agent_spec)
-    env = make_car_racing(colour_preset=colour_preset, render_observations=agent.needs_pixels)
+    # Agents that read pixels get the fast renderer (matches stock frames, bench/renderer.py).
+    env = make_car_racing(colour_preset=colour_preset, render_observations=agent.needs_pixels, renderer="fast")
     score, lateral, off_road = 0.0, [], []
     for step in drive(env, agent, seed):
         score += step.reward

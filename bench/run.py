@@ -13,7 +13,6 @@ compare the ratios printed side by side, not absolute numbers across runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys

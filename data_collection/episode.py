@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,15 @@ def read_sidecar(path: Path) -> dict[str, Any]:
         raise EpisodeFileError(f"{path}: sidecar lacks fields {missing}")
     if sidecar["format_version"] != FORMAT_VERSION:
         raise EpisodeFileError(f"{path}: format_version {sidecar['format_version']}, this reader expects {FORMAT_VERSION}")
+    for name in ("n_steps", "track_seed", "file_size"):
+        value = sidecar[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise EpisodeFileError(f"{path}: sidecar field '{name}' must be a non-negative integer, got {value!r}")
+    file_name = sidecar["file"]
+    if not isinstance(file_name, str) or Path(file_name).name != file_name or not file_name.endswith(".npz"):
+        raise EpisodeFileError(f"{path}: sidecar field 'file' must be an .npz file name in the same folder, got {file_name!r}")
+    if not isinstance(sidecar["sha256"], str):
+        raise EpisodeFileError(f"{path}: sidecar field 'sha256' must be a hex string, got {sidecar['sha256']!r}")
     return sidecar
 
 
@@ -164,7 +174,7 @@ def _read_member(archive: zipfile.ZipFile, name: str, data_path: Path) -> np.nda
             return np.lib.format.read_array(member, allow_pickle=False)
     except KeyError:
         raise EpisodeFileError(f"{data_path}: array '{name}' is missing") from None
-    except (ValueError, zipfile.BadZipFile, EOFError, OSError) as exc:
+    except (ValueError, zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
         raise EpisodeFileError(f"{data_path}: array '{name}' cannot be decoded ({exc})") from None
 
 
@@ -176,7 +186,7 @@ def _observation_header(archive: zipfile.ZipFile, data_path: Path) -> tuple[tupl
             shape, _, dtype = read_header(member)  # the header only: no pixels decoded
     except KeyError:
         raise EpisodeFileError(f"{data_path}: array 'observations' is missing") from None
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise EpisodeFileError(f"{data_path}: array 'observations' has an unreadable header ({exc})") from None
     return tuple(shape), np.dtype(dtype)
 

@@ -42,6 +42,8 @@ def _presets(text: str) -> list[str]:
     from envs.colours import validate_preset
 
     presets = [p.strip() for p in text.split(",") if p.strip()]
+    if not presets:
+        raise typer.BadParameter(f"--colour-preset: no preset named in {text!r}")
     try:
         return [validate_preset(p) for p in presets]
     except ValueError as exc:
@@ -59,13 +61,15 @@ def collect(
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already complete in --out."),
+    renderer: str = typer.Option("fast", "--renderer", help="State-frame renderer: fast (default) or stock (gymnasium's)."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset)."""
-    from data_collection.recorder import NoiseConfig, collect as run_collect
+    from data_collection.recorder import NoiseConfig
+    from data_collection.recorder import collect as run_collect
 
     try:
         summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
-                              workers=workers, resume=resume, max_steps=max_steps)
+                              workers=workers, resume=resume, max_steps=max_steps, renderer=renderer)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

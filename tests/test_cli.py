@@ -1,0 +1,280 @@
+"""The ``nsacdrive`` command line (nsacdrive/cli.py) through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from data_fixtures import normalize, write_synthetic
+from typer.testing import CliRunner
+
+from data_collection.episode import load_episode_arrays
+from data_collection.summary import ACTION_NAMES
+from envs.colours import list_presets
+from nsacdrive.cli import app
+
+EPISODE = "expert_default_seed000000"
+STEPS = 40
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cli_dataset(tmp_path_factory):
+    """`nsacdrive collect --seeds 0 --max-steps 40 --workers 1 --out DIR` → (result, DIR). Read-only."""
+    out = tmp_path_factory.mktemp("cli") / "data"
+    result = invoke("collect", "--seeds", "0", "--max-steps", STEPS, "--workers", "1", "--out", out)
+    return result, out
+
+
+def _copy(folder: Path, dest: Path) -> Path:
+    shutil.copytree(folder, dest)
+    return dest
+
+
+# --------------------------------------------------------------------------- collect
+
+
+def test_collect(cli_dataset):
+    result, out = cli_dataset
+    assert result.exit_code == 0, result.output
+    assert f"wrote 1 episodes ({STEPS} steps," in result.output
+    assert "skipped 0 already complete" in result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{EPISODE}.json", f"{EPISODE}.npz", "manifest.json"])
+    sidecar, arrays = load_episode_arrays(out / f"{EPISODE}.json")
+    assert sidecar["n_steps"] == STEPS and sidecar["track_seed"] == 0 and sidecar["colour_preset"] == "default"
+    assert sidecar["noise"] == {"sigma": 0.0, "seed": 0}
+    assert arrays["observations"].shape == (STEPS + 1, 96, 96, 3)
+
+
+def test_collect_again_needs_resume(cli_dataset, tmp_path):
+    out = _copy(cli_dataset[1], tmp_path / "data")
+    before = (out / f"{EPISODE}.npz").stat().st_mtime_ns
+    result = invoke("collect", "--seeds", "0", "--max-steps", STEPS, "--workers", "1", "--out", out)
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    assert text.startswith("error: ") and "--resume" in text and EPISODE in text
+    result = invoke("collect", "--seeds", "0", "--max-steps", STEPS, "--workers", "1", "--out", out, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "wrote 0 episodes (0 steps" in result.output and "skipped 1 already complete" in result.output
+    assert (out / f"{EPISODE}.npz").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("seeds", ["3-1", "abc", "1,1", "", "0-2,x"])
+def test_collect_bad_seeds(tmp_path, seeds):
+    result = invoke("collect", "--seeds", seeds, "--out", tmp_path / "out", "--workers", "1")
+    assert result.exit_code == 2
+    assert "--seeds" in normalize(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("preset", ["neon", "default,shift-9", "random-x"])
+def test_collect_bad_colour_preset(tmp_path, preset):
+    result = invoke("collect", "--seeds", "0", "--colour-preset", preset, "--out", tmp_path / "out")
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    assert "--colour-preset" in text and "unknown colour preset" in text
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--noise", "-0.5"], "--noise must be >= 0, got -0.5"),
+        (["--agent", "pilot"], "--agent: unknown agent 'pilot'"),
+        (["--workers", "0"], "--workers"),
+        (["--max-steps", "0"], "--max-steps"),
+        (["--seeds", "0", "--noise", "lots"], "--noise"),
+    ],
+)
+def test_collect_other_bad_arguments(tmp_path, args, fragment):
+    result = invoke("collect", "--seeds", "0", "--out", tmp_path / "out", *args)
+    assert result.exit_code == 2
+    assert fragment in normalize(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_collect_requires_out():
+    result = invoke("collect", "--seeds", "0")
+    assert result.exit_code == 2
+    assert "--out" in normalize(result.output)
+
+
+# --------------------------------------------------------------------------- data info
+
+
+def test_data_info_text(cli_dataset):
+    _, out = cli_dataset
+    result = invoke("data", "info", out)
+    assert result.exit_code == 0, result.output
+    _, arrays = load_episode_arrays(out / f"{EPISODE}.json")
+    text = result.output
+    assert f"dataset            {out}\n" in text
+    assert "episodes           1\n" in text
+    assert f"frames (steps)     {STEPS}\n" in text
+    assert "track seeds        0  (1 tracks)\n" in text
+    assert "sources            expert (1)\n" in text
+    assert "agents             expert (1)\n" in text
+    assert "colour presets     default (1)\n" in text
+    assert "lap finished       0.0%\n" in text
+    assert "terminations       time_limit (1)\n" in text
+    reward = float(np.sum(arrays["rewards"], dtype=np.float64))
+    assert f"episode reward     {reward:.1f} ± 0.0\n" in text
+    steer = arrays["actions"][:, 0]
+    assert f"executed  steer    {steer.mean():8.3f}{steer.std():8.3f}{steer.min():8.3f}{steer.max():8.3f}" in text
+
+
+def test_data_info_json(cli_dataset):
+    _, out = cli_dataset
+    result = invoke("data", "info", out, "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    _, arrays = load_episode_arrays(out / f"{EPISODE}.json")
+    assert info["root"] == str(out)
+    assert info["episodes"] == 1
+    assert info["frames"] == STEPS
+    assert info["seeds"] == "0"
+    assert info["sources"] == {"expert": 1}
+    assert info["colour_presets"] == {"default": 1}
+    assert info["agents"] == {"expert": 1}
+    assert info["termination_reasons"] == {"time_limit": 1}
+    assert info["lap_finished_rate"] == 0.0
+    assert info["reward_mean"] == pytest.approx(float(np.sum(arrays["rewards"], dtype=np.float64)), abs=1e-6)
+    assert info["reward_std"] == 0.0
+    for kind, key in (("executed", "actions"), ("label", "expert_actions")):
+        values = arrays[key].astype(np.float64)
+        for i, name in enumerate(ACTION_NAMES):
+            stats = info["action_stats"][kind][name]
+            assert stats["mean"] == pytest.approx(values[:, i].mean(), rel=1e-5, abs=1e-7)
+            assert stats["std"] == pytest.approx(values[:, i].std(), rel=1e-5, abs=1e-7)
+            assert stats["min"] == values[:, i].min() and stats["max"] == values[:, i].max()
+
+
+def test_data_info_missing_folder(tmp_path):
+    result = invoke("data", "info", tmp_path / "nowhere")
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    assert text.startswith("error: ") and "nowhere: dataset folder does not exist" in text
+
+
+def test_data_info_empty_folder(tmp_path):
+    result = invoke("data", "info", tmp_path)
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    assert "no episodes found" in text and str(tmp_path) in text
+
+
+def test_data_info_corrupt_episode(cli_dataset, tmp_path):
+    out = _copy(cli_dataset[1], tmp_path / "data")
+    write_synthetic(out, "zz_broken", 10, track_seed=99, textured=False)
+    data = out / "zz_broken.npz"
+    data.write_bytes(data.read_bytes()[:-10])
+    result = invoke("data", "info", out)
+    assert result.exit_code == 2
+    assert "zz_broken.npz" in normalize(result.output) and "truncated" in normalize(result.output)
+    with pytest.warns(UserWarning, match="zz_broken"):
+        result = invoke("data", "info", out, "--skip-bad", "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["episodes"] == 1 and info["frames"] == STEPS and info["seeds"] == "0"
+
+
+def test_data_info_counts_several_episodes(tmp_path):
+    for i, (seed, n) in enumerate([(4, 10), (5, 12), (6, 7), (9, 3)]):
+        write_synthetic(tmp_path, f"ep{i}", n, track_seed=seed, textured=False,
+                        colour_preset="shift-2" if i % 2 else "default")
+    info = json.loads(invoke("data", "info", tmp_path, "--json").output)
+    assert (info["episodes"], info["frames"], info["seeds"]) == (4, 32, "4-6,9")
+    assert info["colour_presets"] == {"default": 2, "shift-2": 2}
+
+
+# --------------------------------------------------------------------------- expert evaluate (argument errors only)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--seeds", "9-1"], ["--seeds", "runs backwards"]),
+        (["--colour-preset", "default,shift-1"], ["--colour-preset", "give exactly one preset"]),
+        (["--colour-preset", "neon"], ["--colour-preset", "unknown colour preset"]),
+        (["--agent", "pilot"], ["--agent: unknown agent 'pilot'"]),
+        (["--workers", "0"], ["--workers"]),
+    ],
+)
+def test_expert_evaluate_bad_arguments(tmp_path, args, fragments):
+    result = invoke("expert", "evaluate", "--out", tmp_path / "r.json", *args)
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    for fragment in fragments:
+        assert fragment in text
+    assert not (tmp_path / "r.json").exists()
+
+
+# --------------------------------------------------------------------------- env presets
+
+
+def test_env_presets_lists_every_preset():
+    result = invoke("env", "presets")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["preset", "road", "background", "grass"]
+    names = [line.split()[0] for line in lines[1:]]
+    assert names == [p.replace("random-N", "random-7") for p in list_presets()]
+    assert lines[1].split() == ["default", "(102,102,102)", "(102,204,102)", "(102,230,102)"]
+
+
+def test_env_presets_seed_changes_only_seeded_presets():
+    a = invoke("env", "presets", "--seed", "1").output.splitlines()
+    b = invoke("env", "presets", "--seed", "2").output.splitlines()
+    changed = {x.split()[0] for x, y in zip(a, b) if x != y}
+    assert changed == {"random", "color-v0"}
+
+
+# --------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], ["collect", "data", "expert", "env"]),
+        (["collect"], ["--out", "--seeds", "--colour-preset", "--noise", "--noise-seed", "--workers", "--max-steps", "--resume"]),
+        (["data"], ["info"]),
+        (["data", "info"], ["path", "Dataset folder", "--json", "--skip-bad"]),
+        (["expert"], ["evaluate"]),
+        (["expert", "evaluate"], ["--seeds", "--agent", "--colour-preset", "--workers", "--out"]),
+        (["env"], ["presets"]),
+        (["env", "presets"], ["--seed"]),
+    ],
+)
+def test_help(args, expected):
+    result = invoke(*args, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    for word in expected:
+        assert word in result.output, word
+
+
+def test_no_arguments_shows_help():
+    result = invoke()
+    assert "Usage:" in result.output and "collect" in result.output
+
+
+def test_module_entry_point_runs_in_a_subprocess():
+    result = subprocess.run([sys.executable, "-m", "nsacdrive.cli", "data", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "info" in result.stdout
+
+
+@pytest.mark.parametrize("preset", [",", ""])
+def test_collect_rejects_an_empty_colour_preset_list(tmp_path, preset):
+    result = invoke("collect", "--seeds", "0", "--colour-preset", preset, "--out", tmp_path / "out", "--workers", "1")
+    assert result.exit_code == 2
+    assert "--colour-preset" in normalize(result.output)

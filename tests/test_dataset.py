@@ -1,0 +1,508 @@
+"""SequenceDataset, SeedSplit, EpisodeGroupedSampler (data_collection/dataset.py) and
+summarize (data_collection/summary.py) on synthetic episodes with per-step frame markers."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import warnings
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from data_fixtures import preprocessed_marker, synthetic_arrays, synthetic_metadata, write_synthetic
+from torch.utils.data import DataLoader
+
+import data_collection.dataset as dataset_module
+from data_collection.dataset import INTRO_STEPS, DatasetError, EpisodeGroupedSampler, SeedSplit, SequenceDataset
+from data_collection.episode import EpisodeFileError, write_episode
+from data_collection.summary import ACTION_NAMES, summarize
+from envs.car_racing import FPS
+from envs.observation import preprocess_observation
+
+#: (n_steps, track seed) of the shared small dataset; episode i is written as "ep0i"
+EPISODES = [(30, 0), (30, 1), (25, 2), (40, 3), (12, 4), (30, 5)]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """Folder with 6 textured synthetic episodes; returns (folder, [arrays per episode])."""
+    root = tmp_path_factory.mktemp("small")
+    arrays = []
+    for i, (n_steps, seed) in enumerate(EPISODES):
+        _, a = write_synthetic(root, f"ep{i:02d}", n_steps, track_seed=seed, episode=i)
+        arrays.append(a)
+    return root, arrays
+
+
+def _count_frame_loads(monkeypatch) -> collections.Counter:
+    """Count the decoding of each episode's frames (load_episode_arrays with observations)."""
+    calls: collections.Counter = collections.Counter()
+    original = dataset_module.load_episode_arrays
+
+    def counting(path, include_observations=True):
+        if include_observations:
+            calls[path.stem] += 1
+        return original(path, include_observations=include_observations)
+
+    monkeypatch.setattr(dataset_module, "load_episode_arrays", counting)
+    return calls
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@pytest.mark.parametrize(
+    ("T", "stride", "skip"),
+    [(1, 1, 0), (4, 1, 0), (4, 1, 10), (3, 4, 5), (2, 7, 0), (5, 3, 20)],
+)
+def test_sequences_return_the_right_frames_and_labels(small, T, stride, skip):
+    root, arrays = small
+    ds = SequenceDataset(root, sequence_length=T, frame_stride=stride, skip_intro=skip, cache_episodes=6)
+    first_end = skip + (T - 1) * stride
+    expected = [(e, t) for e, (n, _) in enumerate(EPISODES) for t in range(first_end, n)]
+    assert len(ds) == len(expected) == sum(max(n - first_end, 0) for n, _ in EPISODES)
+    offsets = -np.arange(T - 1, -1, -1) * stride
+    np.testing.assert_array_equal(ds.timestamps.numpy(), (offsets / 50.0).astype(np.float32))
+    for item, (e, t) in enumerate(expected):
+        sample = ds[item]
+        assert (int(sample["episode"]), int(sample["step"])) == (e, t)
+        assert ds.episode_of(item) == e
+        frames = sample["frames"].numpy()
+        steps = t + offsets
+        assert frames.shape == (T, 3, 84, 96) and frames.dtype == np.float32
+        np.testing.assert_array_equal(preprocessed_marker(frames), steps)  # oldest … newest
+        assert np.all(np.rint(frames[:, 2, 0, 0] * 255) == e)  # frames of the right episode
+        np.testing.assert_array_equal(frames, preprocess_observation(arrays[e]["observations"][steps]))
+        np.testing.assert_array_equal(sample["action"].numpy(), arrays[e]["expert_actions"][t])
+        np.testing.assert_array_equal(sample["action_sequence"].numpy(), arrays[e]["expert_actions"][steps])
+        assert sample["timestamps"] is ds.timestamps
+
+
+def test_timestamps_for_stride_three(small):
+    # documented: seconds relative to the newest frame, (…, −2·stride/50, −stride/50, 0)
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=4, frame_stride=3, skip_intro=0)
+    assert FPS == 50
+    torch.testing.assert_close(ds.timestamps, torch.tensor([-0.18, -0.12, -0.06, 0.0]))
+    torch.testing.assert_close(ds[0]["timestamps"], torch.tensor([-0.18, -0.12, -0.06, 0.0]))
+
+
+def test_frames_are_preprocessed_floats_in_unit_range(small):
+    root, arrays = small
+    ds = SequenceDataset(root, sequence_length=4, skip_intro=0)
+    frames = ds[10]["frames"]
+    assert frames.dtype == torch.float32 and tuple(frames.shape) == (4, 3, 84, 96)
+    assert float(frames.min()) >= 0.0 and float(frames.max()) <= 1.0
+    assert float(frames.max()) == 1.0 and float(frames.min()) == 0.0  # full range of random pixels
+    # the HUD (bottom 12 raw rows) is cropped: row 83 of the output is raw row 83
+    raw = arrays[0]["observations"][13]
+    np.testing.assert_array_equal(frames[-1, :, 83, :].numpy(), raw[83].T.astype(np.float32) / 255)
+
+
+def test_labels_are_expert_actions_not_executed_actions(small):
+    root, arrays = small
+    ds = SequenceDataset(root, sequence_length=1, skip_intro=0)
+    sample = ds[5]
+    assert int(sample["episode"]) == 0 and int(sample["step"]) == 5
+    np.testing.assert_array_equal(sample["action"].numpy(), arrays[0]["expert_actions"][5])
+    assert not np.array_equal(sample["action"].numpy(), arrays[0]["actions"][5])
+
+
+def test_default_skips_the_zoom_intro(tmp_path):
+    write_synthetic(tmp_path, "long", 60, track_seed=0, textured=False)
+    ds = SequenceDataset(tmp_path)  # T=4, stride 1, skip 50
+    assert INTRO_STEPS == 50
+    assert len(ds) == 60 - (50 + 3)
+    assert int(ds[0]["step"]) == 53
+    np.testing.assert_array_equal(preprocessed_marker(ds[0]["frames"].numpy()), [50, 51, 52, 53])
+
+
+def test_too_short_episodes_give_no_samples(small):
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=3, frame_stride=10, skip_intro=0)  # first sample at step 20
+    assert len(ds) == sum(max(n - 20, 0) for n, _ in EPISODES)
+    assert 4 not in {ds.episode_of(i) for i in range(len(ds))}  # the 12-step episode
+    assert len(ds.episodes) == 6  # still indexed
+    assert len(SequenceDataset(root, sequence_length=1, skip_intro=1000)) == 0
+
+
+def test_dataloader_batches(small):
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=3, frame_stride=2, skip_intro=0, cache_episodes=2)
+    loader = DataLoader(ds, batch_size=8, sampler=EpisodeGroupedSampler(ds, seed=3))
+    batch = next(iter(loader))
+    assert tuple(batch["frames"].shape) == (8, 3, 3, 84, 96)
+    assert tuple(batch["action"].shape) == (8, 3)
+    assert tuple(batch["action_sequence"].shape) == (8, 3, 3)
+    assert tuple(batch["timestamps"].shape) == (8, 3)
+    assert sum(len(b["step"]) for b in loader) == len(ds)
+
+
+# --------------------------------------------------------------------------- seeds and splits
+
+
+def test_seed_filtering(small):
+    root, _ = small
+    ds = SequenceDataset(root, seeds=[1, 4, 99], sequence_length=1, skip_intro=0)
+    assert ds.track_seeds == [1, 4]
+    assert [r.sidecar["track_seed"] for r in ds.episodes] == [1, 4]
+    assert len(ds) == 30 + 12
+    assert len(SequenceDataset(root, seeds=[], skip_intro=0)) == 0
+    assert SequenceDataset(root, seeds=None, skip_intro=0).track_seeds == [0, 1, 2, 3, 4, 5]
+
+
+def test_seed_split_gives_disjoint_datasets(small):
+    root, _ = small
+    split = SeedSplit.parse("0-2", "3", "4-5")
+    assert split.train == {0, 1, 2} and split.val == {3} and split.test == {4, 5}
+    parts = {name: SequenceDataset(root, seeds=split.seeds(name), sequence_length=1, skip_intro=0)
+             for name in ("train", "val", "test")}
+    seeds = {name: set(ds.track_seeds) for name, ds in parts.items()}
+    assert seeds == {"train": {0, 1, 2}, "val": {3}, "test": {4, 5}}
+    assert sum(len(ds) for ds in parts.values()) == len(SequenceDataset(root, sequence_length=1, skip_intro=0))
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "test", "message"),
+    [
+        ("0-4", "4-5", "6", r"train and val share track seeds \[4\]"),
+        ("0-4", "5", "2,3", r"train and test share track seeds \[2, 3\]"),
+        ("0", "1-3", "3", r"val and test share track seeds \[3\]"),
+    ],
+)
+def test_seed_split_rejects_overlap(train, val, test, message):
+    with pytest.raises(DatasetError, match=message):
+        SeedSplit.parse(train, val, test)
+
+
+def test_seed_split_errors():
+    with pytest.raises(ValueError, match="^val seeds: "):
+        SeedSplit.parse("0-3", "x", "5")
+    with pytest.raises(DatasetError, match="split must be train, val or test"):
+        SeedSplit.parse("0", "1", "2").seeds("holdout")  # type: ignore[arg-type]
+    with pytest.raises(DatasetError):
+        SeedSplit(frozenset({1}), frozenset({1}), frozenset())
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """14 small episodes of varied length (zeros + markers), one of them sample-free."""
+    root = tmp_path_factory.mktemp("many")
+    lengths = [12, 5, 30, 18, 7, 25, 9, 14, 2, 21, 16, 11, 8, 19]
+    for i, n in enumerate(lengths):
+        write_synthetic(root, f"ep{i:02d}", n, track_seed=i, episode=i, textured=False)
+    return root
+
+
+def _runs(episodes: list[int]) -> int:
+    """Number of runs of consecutive equal episode ids in a visiting order."""
+    return 1 + sum(1 for a, b in zip(episodes, episodes[1:]) if a != b)
+
+
+def test_sampler_yields_a_permutation(many):
+    ds = SequenceDataset(many, sequence_length=3, skip_intro=0, cache_episodes=4)
+    sampler = EpisodeGroupedSampler(ds, seed=0)
+    order = list(sampler)
+    assert len(sampler) == len(ds) == len(order)
+    assert sorted(order) == list(range(len(ds)))
+
+
+def test_sampler_is_deterministic_per_seed_and_epoch(many):
+    ds = SequenceDataset(many, sequence_length=3, skip_intro=0, cache_episodes=4)
+    sampler = EpisodeGroupedSampler(ds, seed=11)
+    epoch0 = list(sampler)
+    assert list(sampler) == epoch0
+    assert list(EpisodeGroupedSampler(ds, seed=11)) == epoch0
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert epoch1 != epoch0 and sorted(epoch1) == sorted(epoch0)
+    sampler.set_epoch(0)
+    assert list(sampler) == epoch0
+    assert list(EpisodeGroupedSampler(ds, seed=12)) != epoch0
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 3, 4])
+def test_sampler_visits_at_most_group_size_episodes_per_block(many, group_size):
+    ds = SequenceDataset(many, sequence_length=2, skip_intro=0, cache_episodes=4)
+    for seed in range(3):
+        sampler = EpisodeGroupedSampler(ds, group_size=group_size, seed=seed)
+        episodes = [ds.episode_of(i) for i in sampler]
+        # greedy partition into blocks of <= group_size distinct episodes, never revisiting
+        closed: set[int] = set()
+        current: set[int] = set()
+        n_blocks = 0
+        for e in episodes:
+            assert e not in closed, f"episode {e} revisited after its group (seed {seed})"
+            if e not in current and len(current) == group_size:
+                closed |= current
+                current = set()
+                n_blocks += 1
+            current.add(e)
+        with_samples = {ds.episode_of(i) for i in range(len(ds))}
+        assert set(episodes) == with_samples
+        assert n_blocks + 1 >= -(-len(with_samples) // group_size)
+        # order within the run is shuffled, not step-sorted
+        assert episodes != sorted(episodes)
+
+
+def test_sampler_shuffles_within_a_group(many):
+    ds = SequenceDataset(many, sequence_length=1, skip_intro=0, cache_episodes=2)
+    order = list(EpisodeGroupedSampler(ds, group_size=2, seed=0))
+    steps = [int(ds.index[i, 1]) for i in order]
+    assert steps != sorted(steps)
+    # items of the first group's episodes are interleaved, not one episode after the other
+    first_two = [ds.episode_of(i) for i in order[:20]]
+    assert _runs(first_two) > 2
+
+
+def test_sampler_group_size_defaults_to_cache_and_cannot_exceed_it(many):
+    ds = SequenceDataset(many, sequence_length=1, skip_intro=0, cache_episodes=3)
+    assert EpisodeGroupedSampler(ds).group_size == 3
+    with pytest.raises(DatasetError, match="group_size 4 exceeds the dataset's cache_episodes 3"):
+        EpisodeGroupedSampler(ds, group_size=4)
+
+
+def test_grouped_sampling_decodes_every_episode_once(many, monkeypatch):
+    ds = SequenceDataset(many, sequence_length=2, skip_intro=0, cache_episodes=3)
+    loads = _count_frame_loads(monkeypatch)
+    for item in EpisodeGroupedSampler(ds, seed=5):
+        ds[item]
+        assert len(ds._cache) <= 3
+    with_samples = {ds.episodes[ds.episode_of(i)].sidecar_path.stem for i in range(len(ds))}
+    assert set(loads) == with_samples and set(loads.values()) == {1}
+
+
+# --------------------------------------------------------------------------- LRU frame cache
+
+
+def _first_item_of(ds: SequenceDataset, episode: int) -> int:
+    return int(np.flatnonzero(ds.index[:, 0] == episode)[0])
+
+
+def test_lru_cache_evicts_least_recently_used(small, monkeypatch):
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=1, skip_intro=0, cache_episodes=2)
+    loads = _count_frame_loads(monkeypatch)
+    for episode in (0, 1, 0, 2):
+        ds[_first_item_of(ds, episode)]
+    assert list(ds._cache) == [0, 2]  # 1 was least recently used
+    assert loads == {"ep00": 1, "ep01": 1, "ep02": 1}
+    ds[_first_item_of(ds, 1)]  # reloaded, evicts 0
+    assert list(ds._cache) == [2, 1]
+    assert loads["ep01"] == 2
+
+
+def test_cache_never_exceeds_its_size_and_returns_the_right_frames(small):
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=2, skip_intro=0, cache_episodes=3)
+    rng = np.random.default_rng(0)
+    for item in rng.integers(0, len(ds), 300):
+        sample = ds[int(item)]
+        assert len(ds._cache) <= 3
+        e, t = int(sample["episode"]), int(sample["step"])
+        np.testing.assert_array_equal(preprocessed_marker(sample["frames"].numpy()), [t - 1, t])
+        assert np.all(np.rint(sample["frames"][:, 2, 0, 0].numpy() * 255) == e)
+
+
+def test_bounded_memory_with_dataloader_and_grouped_sampler(tmp_path, monkeypatch):
+    # 40 episodes × 201 frames = 222 MB of decoded pixels; only cache_episodes (4) may be held.
+    n_episodes, n_steps = 40, 200
+    for i in range(n_episodes):
+        write_synthetic(tmp_path, f"ep{i:03d}", n_steps, track_seed=i, episode=i, textured=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # OMP threads spin badly when xdist keeps every core busy
+    try:
+        ds = SequenceDataset(tmp_path, sequence_length=4, skip_intro=100, cache_episodes=4)
+        sampler = EpisodeGroupedSampler(ds, seed=0)
+        loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=0)
+        gc.collect()
+        process = psutil.Process()
+        baseline = peak = process.memory_info().rss
+        seen, max_cached = 0, 0
+        for batch in loader:
+            seen += len(batch["step"])
+            max_cached = max(max_cached, len(ds._cache))
+            peak = max(peak, process.memory_info().rss)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == len(ds) == n_episodes * (n_steps - 103)
+    assert max_cached == 4
+    # a cache that kept every episode measures ~280 MB here; the bounded one ~90 MB
+    assert (peak - baseline) / 2**20 < 160
+
+
+# --------------------------------------------------------------------------- errors while indexing
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """3 good episodes (seeds 10, 11, 12) and 4 bad ones, names sorted so bad ones interleave."""
+    good = {}
+    for name, seed in (("a_good", 10), ("c_good", 11), ("e_good", 12)):
+        _, good[name] = write_synthetic(tmp_path, name, 15, track_seed=seed, episode=seed)
+    write_synthetic(tmp_path, "b_truncated", 15, track_seed=20)
+    data = tmp_path / "b_truncated.npz"
+    data.write_bytes(data.read_bytes()[:100])
+    arrays = synthetic_arrays(15)
+    arrays["actions"][3] = np.nan
+    write_episode(tmp_path, "d_nan", arrays, synthetic_metadata(arrays, 21))
+    (tmp_path / "f_badjson.json").write_text("{oops")
+    write_synthetic(tmp_path, "g_missing", 15, track_seed=22)
+    (tmp_path / "g_missing.npz").unlink()
+    return tmp_path, good
+
+
+def test_on_error_raise_names_the_first_bad_file(mixed):
+    root, _ = mixed
+    with pytest.raises(EpisodeFileError, match=r"b_truncated\.npz: file has 100 bytes"):
+        SequenceDataset(root, skip_intro=0)
+
+
+def test_on_error_skip_warns_and_loads_the_rest(mixed):
+    root, good = mixed
+    with pytest.warns(UserWarning) as record:
+        ds = SequenceDataset(root, sequence_length=2, skip_intro=0, on_error="skip")
+    messages = [str(w.message) for w in record if "skipping episode" in str(w.message)]
+    assert len(messages) == 4
+    for fragment in ("b_truncated.npz", "d_nan.npz", "f_badjson.json", "g_missing.npz"):
+        assert sum(fragment in m for m in messages) == 1, fragment
+    assert any("NaN" in m for m in messages)
+    assert [r.sidecar_path.stem for r in ds.episodes] == ["a_good", "c_good", "e_good"]
+    assert ds.track_seeds == [10, 11, 12]
+    assert len(ds) == 3 * 14
+    for item in (0, 14, 41):
+        sample = ds[item]
+        e, t = int(sample["episode"]), int(sample["step"])
+        name = ds.episodes[e].sidecar_path.stem
+        np.testing.assert_array_equal(sample["frames"].numpy(),
+                                      preprocess_observation(good[name]["observations"][[t - 1, t]]))
+        np.testing.assert_array_equal(sample["action"].numpy(), good[name]["expert_actions"][t])
+
+
+def test_dataset_configuration_errors(small, tmp_path):
+    root, _ = small
+    with pytest.raises(DatasetError, match="dataset folder does not exist"):
+        SequenceDataset(tmp_path / "nope")
+    with pytest.raises(DatasetError, match="on_error must be 'raise' or 'skip', got 'ignore'"):
+        SequenceDataset(root, on_error="ignore")  # type: ignore[arg-type]
+    for kwargs in ({"sequence_length": 0}, {"frame_stride": 0}, {"skip_intro": -1}, {"cache_episodes": 0}):
+        with pytest.raises(DatasetError, match="must be >= 1"):
+            SequenceDataset(root, **kwargs)
+    assert len(SequenceDataset(tmp_path)) == 0  # empty folder: an empty dataset
+
+
+def test_manifest_and_hidden_files_are_not_episodes(small, tmp_path):
+    write_synthetic(tmp_path, "only", 8, track_seed=3)
+    (tmp_path / "manifest.json").write_text(json.dumps({"n_episodes": 1}))
+    (tmp_path / ".only.json.x.partial").write_text("junk")
+    (tmp_path / ".hidden.json").write_text("junk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0)
+    assert [r.sidecar_path.name for r in ds.episodes] == ["only.json"]
+
+
+# --------------------------------------------------------------------------- summarize
+
+
+SUMMARY_EPISODES = [
+    # id, n_steps, seed, preset, lap_finished, termination, source, agent_spec
+    ("s0", 10, 0, "default", True, "lap_finished", "expert", "expert"),
+    ("s1", 20, 1, "default", False, "time_limit", "expert", "expert"),
+    ("s2", 15, 2, "default", True, "lap_finished", "expert", "expert"),
+    ("s3", 5, 2, "shift-1", False, "left_playfield", "ppo", "ppo:run1"),
+    ("s4", 30, 5, "shift-1", False, "time_limit", "expert", "expert"),
+]
+
+
+@pytest.fixture(scope="module")
+def summary_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("summary")
+    arrays = []
+    for i, (name, n, seed, preset, lap, reason, source, spec) in enumerate(SUMMARY_EPISODES):
+        _, a = write_synthetic(root, name, n, track_seed=seed, episode=i, textured=False, colour_preset=preset,
+                               lap_finished=lap, termination_reason=reason, source=source, agent_spec=spec)
+        arrays.append(a)
+    return root, arrays
+
+
+def test_summarize_counts_and_statistics(summary_set):
+    root, arrays = summary_set
+    s = summarize(root)
+    assert s.root == str(root)
+    assert s.episodes == 5
+    assert s.frames == 80
+    assert s.seeds == [0, 1, 2, 5]
+    assert s.sources == {"expert": 4, "ppo": 1}
+    assert s.agents == {"expert": 4, "ppo:run1": 1}
+    assert s.colour_presets == {"default": 3, "shift-1": 2}
+    assert s.lap_finished_rate == pytest.approx(0.4)
+    assert s.termination_reasons == {"lap_finished": 2, "time_limit": 2, "left_playfield": 1}
+    rewards = np.array([np.sum(a["rewards"], dtype=np.float64) for a in arrays])
+    assert s.reward_mean == pytest.approx(rewards.mean(), rel=1e-9)
+    assert s.reward_std == pytest.approx(rewards.std(), rel=1e-9)
+    for kind, key in (("executed", "actions"), ("label", "expert_actions")):
+        values = np.concatenate([a[key] for a in arrays]).astype(np.float64)
+        assert values.shape == (80, 3)
+        for i, name in enumerate(ACTION_NAMES):
+            stats = s.action_stats[kind][name]
+            assert stats["mean"] == pytest.approx(values[:, i].mean(), rel=1e-5)
+            assert stats["std"] == pytest.approx(values[:, i].std(), rel=1e-5)
+            assert stats["min"] == values[:, i].min()
+            assert stats["max"] == values[:, i].max()
+    assert s.action_stats["executed"]["steer"] != s.action_stats["label"]["steer"]
+
+
+def test_summary_dict_and_text(summary_set):
+    root, _ = summary_set
+    s = summarize(root)
+    as_dict = json.loads(json.dumps(s.to_dict()))
+    assert as_dict["seeds"] == "0-2,5"
+    assert as_dict["episodes"] == 5 and as_dict["frames"] == 80
+    assert as_dict["action_stats"]["label"]["gas"]["max"] == s.action_stats["label"]["gas"]["max"]
+    text = s.to_text()
+    assert "episodes           5\n" in text
+    assert "frames (steps)     80\n" in text
+    assert "track seeds        0-2,5  (4 tracks)\n" in text
+    assert "sources            expert (4), ppo (1)\n" in text
+    assert "colour presets     default (3), shift-1 (2)\n" in text
+    assert "lap finished       40.0%\n" in text
+    assert "terminations       lap_finished (2), left_playfield (1), time_limit (2)\n" in text
+    st = s.action_stats["executed"]["brake"]
+    assert f"executed  brake    {st['mean']:8.3f}{st['std']:8.3f}{st['min']:8.3f}{st['max']:8.3f}" in text
+    assert len([line for line in text.splitlines() if line.startswith(("executed", "label"))]) == 6
+
+
+def test_summarize_errors(tmp_path):
+    with pytest.raises(DatasetError, match="no episodes found"):
+        summarize(tmp_path)
+    with pytest.raises(DatasetError, match="does not exist"):
+        summarize(tmp_path / "missing")
+
+
+def test_summarize_skip_bad(mixed):
+    root, _ = mixed
+    with pytest.raises(EpisodeFileError, match="b_truncated.npz"):
+        summarize(root)
+    with pytest.warns(UserWarning, match="skipping episode"):
+        s = summarize(root, on_error="skip")
+    assert s.episodes == 3 and s.frames == 45 and s.seeds == [10, 11, 12]
+
+
+def test_on_error_skip_survives_a_sidecar_with_a_non_integer_n_steps(tmp_path):
+    write_synthetic(tmp_path, "a_good", 10, track_seed=1, textured=False)
+    write_synthetic(tmp_path, "b_bad", 10, track_seed=2, textured=False)
+    sidecar = json.loads((tmp_path / "b_bad.json").read_text())
+    sidecar["n_steps"] = "ten"
+    (tmp_path / "b_bad.json").write_text(json.dumps(sidecar))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0, on_error="skip")
+    assert ds.track_seeds == [1]
+    assert any("b_bad" in str(w.message) for w in caught)

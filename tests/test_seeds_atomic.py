@@ -1,0 +1,200 @@
+"""nsacdrive.seeds (seed lists on the command line) and nsacdrive.atomic (crash-safe writes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nsacdrive.atomic import PARTIAL_SUFFIX, atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
+from nsacdrive.seeds import format_seeds, parse_seeds
+
+# --------------------------------------------------------------------------- parse_seeds / format_seeds
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", [0]),
+        ("0-4", [0, 1, 2, 3, 4]),
+        ("42,1000-1003", [42, 1000, 1001, 1002, 1003]),
+        ("5,1-2", [5, 1, 2]),  # order kept, not sorted
+        (" 3 , 7 - 8 ", [3, 7, 8]),  # whitespace tolerated
+        ("9-9", [9]),
+        ("007", [7]),
+    ],
+)
+def test_parse_seeds_examples(text, expected):
+    assert parse_seeds(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "cannot parse"),
+        ("abc", "cannot parse 'abc'"),
+        ("1,,2", "cannot parse ''"),
+        ("-1", "cannot parse '-1'"),
+        ("1-", "cannot parse '1-'"),
+        ("1.5", "cannot parse '1.5'"),
+        ("1-2-3", "cannot parse '1-2-3'"),
+        ("5-3", "range '5-3' runs backwards"),
+        ("1,1", "seeds listed twice: [1]"),
+        ("0-3,2-5", "seeds listed twice: [2, 3]"),
+    ],
+)
+def test_parse_seeds_errors_name_argument_and_problem(text, fragment):
+    with pytest.raises(ValueError) as excinfo:
+        parse_seeds(text)
+    message = str(excinfo.value)
+    assert message.startswith("--seeds: ")
+    assert fragment in message
+
+
+def test_parse_seeds_uses_given_argument_name():
+    with pytest.raises(ValueError, match=r"^train seeds: "):
+        parse_seeds("x", "train seeds")
+
+
+@pytest.mark.parametrize(
+    ("seeds", "text"),
+    [
+        ([0, 1, 2, 5], "0-2,5"),
+        ([5, 0, 2, 1], "0-2,5"),
+        ([7], "7"),
+        ([1, 3, 5], "1,3,5"),
+        ([10, 11, 20, 21, 22, 30], "10-11,20-22,30"),
+        ({4, 3}, "3-4"),
+        ([2, 2, 3], "2-3"),  # duplicates collapse
+        ([], ""),
+    ],
+)
+def test_format_seeds_examples(seeds, text):
+    assert format_seeds(seeds) == text
+
+
+@given(st.sets(st.integers(min_value=0, max_value=5000), min_size=1, max_size=80))
+def test_format_then_parse_round_trip(seeds):
+    text = format_seeds(seeds)
+    assert parse_seeds(text) == sorted(seeds)
+    # format is canonical: formatting the parsed list again gives the same text
+    assert format_seeds(parse_seeds(text)) == text
+    # and compact: one part per maximal run of consecutive seeds
+    runs = 1 + sum(1 for a, b in zip(sorted(seeds), sorted(seeds)[1:]) if b != a + 1)
+    assert len(text.split(",")) == runs
+
+
+@given(st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=30, unique=True))
+def test_parse_keeps_order_of_listed_seeds(seeds):
+    assert parse_seeds(",".join(map(str, seeds))) == seeds
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def _partials(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.endswith(PARTIAL_SUFFIX))
+
+
+def test_atomic_write_bytes_creates_parents_and_leaves_no_partial(tmp_path):
+    target = tmp_path / "a" / "b" / "file.bin"
+    atomic_write_bytes(target, b"\x00\x01hello")
+    assert target.read_bytes() == b"\x00\x01hello"
+    assert list(target.parent.iterdir()) == [target]
+
+
+def test_atomic_write_has_normal_permissions(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    target = tmp_path / "perm.bin"
+    atomic_write_bytes(target, b"x")
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_atomic_write_replaces_existing_file_atomically(tmp_path):
+    target = tmp_path / "data.bin"
+    target.write_bytes(b"old contents")
+    with open(target, "rb") as reader:  # a reader that opened the old file keeps seeing it
+        old_inode = os.fstat(reader.fileno()).st_ino
+        atomic_write_bytes(target, b"new")
+        assert reader.read() == b"old contents"
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_ino != old_inode  # replaced by rename, not rewritten in place
+    assert _partials(tmp_path) == []
+
+
+def test_atomic_path_failure_keeps_old_file_and_removes_temp(tmp_path):
+    target = tmp_path / "data.bin"
+    target.write_bytes(b"old")
+    seen = []
+    with pytest.raises(RuntimeError, match="crash"):
+        with atomic_path(target) as tmp:
+            seen.append(tmp)
+            assert tmp.parent == tmp_path
+            assert tmp.name.startswith(".data.bin.") and tmp.name.endswith(PARTIAL_SUFFIX)
+            tmp.write_bytes(b"half-writ")
+            raise RuntimeError("crash")
+    assert target.read_bytes() == b"old"
+    assert not seen[0].exists()
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_atomic_path_failure_without_old_file_creates_nothing(tmp_path):
+    target = tmp_path / "new.bin"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_target_is_invisible_until_the_write_completes(tmp_path):
+    target = tmp_path / "late.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"payload")
+        assert not target.exists()
+    assert target.read_bytes() == b"payload"
+
+
+def test_atomic_write_json_is_sorted_indented_and_newline_terminated(tmp_path):
+    target = tmp_path / "x.json"
+    atomic_write_json(target, {"b": 1, "a": [1, 2]})
+    text = target.read_text()
+    assert text == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+    assert json.loads(text) == {"a": [1, 2], "b": 1}
+
+
+def test_remove_partial_files_removes_only_temp_files(tmp_path):
+    keep = [tmp_path / "episode.npz", tmp_path / "episode.json", tmp_path / "notes.partial", tmp_path / ".hidden"]
+    for path in keep:
+        path.write_bytes(b"keep")
+    leftovers = [tmp_path / ".episode.npz.abc123.partial", tmp_path / ".x.partial"]
+    for path in leftovers:
+        path.write_bytes(b"junk")
+    (tmp_path / "sub").mkdir()
+    nested = tmp_path / "sub" / ".y.partial"
+    nested.write_bytes(b"junk")  # not in the folder itself: left alone
+
+    assert remove_partial_files(tmp_path) == 2
+    assert all(not p.exists() for p in leftovers)
+    assert all(p.read_bytes() == b"keep" for p in keep)
+    assert nested.exists()
+    assert remove_partial_files(tmp_path) == 0
+
+
+def test_remove_partial_files_cleans_a_real_interrupted_write(tmp_path):
+    target = tmp_path / "ep.npz"
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            # simulate a hard kill: the context manager's cleanup would normally run, so copy the
+            # temp file aside under a temp-file name first
+            crash_copy = tmp.with_name(tmp.name.replace(".partial", "-killed.partial"))
+            crash_copy.write_bytes(b"half")
+            raise RuntimeError
+    assert _partials(tmp_path) == [crash_copy]
+    assert remove_partial_files(tmp_path) == 1
+    assert list(tmp_path.iterdir()) == []
