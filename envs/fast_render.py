@@ -90,27 +90,17 @@ class FastStateRenderer:
         self.width = STATE_W * supersample
         self.height = STATE_H * supersample
         self.scale = np.array([self.width / WINDOW_W, self.height / WINDOW_H])
+        self._hud_scale = (float(self.scale[0]), float(self.scale[1]))
         field = np.array([[(PLAYFIELD, PLAYFIELD), (PLAYFIELD, -PLAYFIELD), (-PLAYFIELD, -PLAYFIELD), (-PLAYFIELD, PLAYFIELD)]])
         self._static = np.concatenate([field, _grass_patches()])  # background field, then grass patches
         self._track_key: int | None = None
         self._scene = self._static
         self._road_colours: list[np.ndarray] = []
         self._car_key: int | None = None
-        self._car_shapes: list[tuple[object, np.ndarray, tuple[int, int, int]]] = []
         self._text_cache: dict[str, tuple[np.ndarray, int, int]] = {}
         self._font: pygame.font.Font | None = None
 
     # ------------------------------------------------------------------ geometry
-    def _to_canvas(self, points: np.ndarray, zoom: float, translation: np.ndarray, angle: float) -> np.ndarray:
-        """World points (..., 2) → canvas pixel coordinates, as the stock transform + vertical flip."""
-        c, s = math.cos(angle), math.sin(angle)
-        x = points[..., 0] * c - points[..., 1] * s
-        y = points[..., 0] * s + points[..., 1] * c
-        out = np.empty(points.shape)
-        out[..., 0] = (x * zoom + translation[0]) * self.scale[0]
-        out[..., 1] = (WINDOW_H - (y * zoom + translation[1])) * self.scale[1]
-        return out
-
     @staticmethod
     def _fixed(polys: np.ndarray) -> np.ndarray:
         return np.round(polys * _ONE).astype(np.int32)
@@ -130,69 +120,91 @@ class FastStateRenderer:
 
     def _draw_scene(self, canvas: np.ndarray, env, zoom: float, translation: np.ndarray, angle: float) -> None:
         self._sync_track(env)
+        camera, offset = self._camera(zoom, translation, angle)
         # Cull on bounding circles first: only polygons near the canvas get their vertices moved.
-        centres = self._to_canvas(self._scene_centres, zoom, translation, angle)
-        margin = self._scene_radii * zoom * self.scale.max() + 1
+        centres = self._scene_centres @ camera.T + offset
+        margin = self._scene_radii * (zoom * self.scale.max()) + 1
         visible = np.flatnonzero(
             (centres[:, 0] >= -margin) & (centres[:, 0] <= self.width + margin)
             & (centres[:, 1] >= -margin) & (centres[:, 1] <= self.height + margin)
         )
-        fixed = self._fixed(self._to_canvas(self._scene[visible], zoom, translation, angle))
-        background = tuple(int(c) for c in env.bg_color)
-        grass = tuple(int(c) for c in env.grass_color)
+        fixed = self._fixed(self._scene[visible] @ camera.T + offset)
         n_static = len(self._static)
-        for index, poly in zip(visible.tolist(), fixed):
-            if index == 0:
-                colour = background
-            elif index < n_static:
-                colour = grass
-            else:
-                colour = tuple(int(c) for c in self._road_colours[index - n_static])
+        road = visible[visible >= n_static] - n_static
+        colours = [tuple(int(c) for c in env.bg_color)] if len(visible) and visible[0] == 0 else []
+        colours += [tuple(int(c) for c in env.grass_color)] * int(np.count_nonzero((visible > 0) & (visible < n_static)))
+        if len(road):
+            colours += [tuple(c) for c in np.array([self._road_colours[i] for i in road]).astype(int).tolist()]
+        for poly, colour in zip(fixed, colours):
             cv2.fillConvexPoly(canvas, poly, colour, cv2.LINE_AA, _SHIFT)
 
     def _sync_car(self, car) -> None:
+        """Cache the car's local polygons (padded to MAX_VERTICES), their body and colour."""
         key = id(car)
         if key != self._car_key:
-            self._car_shapes = []
-            for body in car.drawlist:
+            self._car_bodies = list(car.drawlist)
+            shapes, owners, colours = [], [], []
+            for index, body in enumerate(self._car_bodies):
                 colour = tuple(int(c * 255) for c in body.color)
                 for fixture in body.fixtures:  # hull fixtures differ in vertex count: pad them
-                    vertices = _pad(np.array(fixture.shape.vertices, dtype=np.float64), self.MAX_VERTICES)
-                    self._car_shapes.append((body, vertices, colour))
+                    shapes.append(_pad(np.array(fixture.shape.vertices, dtype=np.float64), self.MAX_VERTICES))
+                    owners.append(index)
+                    colours.append(colour)
+            self._car_local = np.stack(shapes)
+            self._car_owner = np.array(owners)
+            self._car_colours = colours
             self._car_key = key
 
+    def _camera(self, zoom: float, translation: np.ndarray, angle: float) -> tuple[np.ndarray, np.ndarray]:
+        """The world → canvas map as ``canvas = matrix @ world + offset`` (stock transform + flip)."""
+        c, s = math.cos(angle), math.sin(angle)
+        matrix = np.array([[c * zoom * self.scale[0], -s * zoom * self.scale[0]],
+                           [-s * zoom * self.scale[1], -c * zoom * self.scale[1]]])
+        offset = np.array([translation[0] * self.scale[0], (WINDOW_H - translation[1]) * self.scale[1]])
+        return matrix, offset
+
     def _draw_car(self, canvas: np.ndarray, car, zoom: float, translation: np.ndarray, angle: float) -> None:
-        """Hull and wheels filled like ``pygame.draw.polygon`` (no anti-aliasing), stripes on top."""
+        """Hull and wheels filled like ``pygame.draw.polygon`` (no anti-aliasing), stripes on top.
+
+        Few, batched numpy calls: the car is ~15 tiny polygons, so call overhead dominates.
+        """
         self._sync_car(car)
-        size = car_dynamics.SIZE
-        half_width, radius = car_dynamics.WHEEL_W * size, car_dynamics.WHEEL_R * size
-        polys, colours = [], []
-        poses: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for body, vertices, colour in self._car_shapes:
-            if id(body) not in poses:
-                a = body.angle
-                rotation = np.array([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])  # transposed
-                poses[id(body)] = (rotation, np.array(body.position))
-            rotation, position = poses[id(body)]
-            polys.append(vertices @ rotation + position)
-            colours.append(colour)
-            if "phase" in body.__dict__:
-                stripe = _wheel_stripe(body.phase)
-                if stripe is not None:
-                    c1, c2 = stripe
-                    local = np.array([(-half_width, radius * c1), (half_width, radius * c1), (half_width, radius * c2), (-half_width, radius * c2)])
-                    polys.append(_pad(local, self.MAX_VERTICES) @ rotation + position)
-                    colours.append(car_dynamics.WHEEL_WHITE)
-        fixed = self._fixed(self._to_canvas(np.stack(polys), zoom, translation, angle))
-        for poly, colour in zip(fixed, colours):
+        camera, camera_offset = self._camera(zoom, translation, angle)
+        bodies = self._car_bodies
+        pose = np.array([(body.angle, *body.position) for body in bodies])  # (B, 3)
+        cos, sin = np.cos(pose[:, 0]), np.sin(pose[:, 0])
+        rotations = np.empty((len(bodies), 2, 2))
+        rotations[:, 0, 0], rotations[:, 0, 1], rotations[:, 1, 0], rotations[:, 1, 1] = cos, -sin, sin, cos
+        matrices = camera @ rotations  # body-local → canvas, (B, 2, 2)
+        offsets = pose[:, 1:] @ camera.T + camera_offset
+        half_width, radius = car_dynamics.WHEEL_W * car_dynamics.SIZE, car_dynamics.WHEEL_R * car_dynamics.SIZE
+        stripe_quads, stripe_owners = [], []
+        for index, body in enumerate(bodies):
+            stripe = _wheel_stripe(body.phase) if "phase" in body.__dict__ else None
+            if stripe is not None:
+                y1, y2 = radius * stripe[0], radius * stripe[1]
+                corners = [(-half_width, y1), (half_width, y1), (half_width, y2), (-half_width, y2)]
+                stripe_quads.append(corners + corners[-1:] * (self.MAX_VERTICES - 4))
+                stripe_owners.append(index)
+        local, owner, colours = self._car_local, self._car_owner, self._car_colours
+        if stripe_quads:
+            local = np.concatenate([local, np.array(stripe_quads)])
+            owner = np.concatenate([owner, stripe_owners])
+            colours = colours + [car_dynamics.WHEEL_WHITE] * len(stripe_quads)
+        polys = np.einsum("kij,knj->kni", matrices[owner], local) + offsets[owner][:, None, :]
+        for poly, colour in zip(self._fixed(polys), colours):
             cv2.fillConvexPoly(canvas, poly, colour, cv2.LINE_8, _SHIFT)
 
     def _hud_rect(self, canvas: np.ndarray, x0: float, y0: float, x1: float, y1: float, colour: tuple[int, int, int]) -> None:
         """Fill an axis-aligned rectangle given in 1000×800 screen coordinates (HUD is not flipped)."""
-        left, right = sorted((x0 * self.scale[0], x1 * self.scale[0]))
-        top, bottom = sorted((y0 * self.scale[1], y1 * self.scale[1]))
-        c0, c1 = max(int(round(left)), 0), min(int(round(right)), self.width)
-        r0, r1 = max(int(round(top)), 0), min(int(round(bottom)), self.height)
+        sx, sy = self._hud_scale
+        c0, c1 = round(x0 * sx), round(x1 * sx)
+        r0, r1 = round(y0 * sy), round(y1 * sy)
+        if c0 > c1:
+            c0, c1 = c1, c0
+        if r0 > r1:
+            r0, r1 = r1, r0
+        c0, c1, r0, r1 = max(c0, 0), min(c1, self.width), max(r0, 0), min(r1, self.height)
         if c1 > c0 and r1 > r0:
             cv2.rectangle(canvas, (c0, r0), (c1 - 1, r1 - 1), colour, thickness=cv2.FILLED)
 
@@ -200,23 +212,17 @@ class FastStateRenderer:
         W, H, s, h = WINDOW_W, WINDOW_H, _HUD_S, _HUD_H
         self._hud_rect(canvas, 0, H - 5 * h, W, H, (0, 0, 0))
         car = env.car
-        velocity = car.hull.linearVelocity
-        true_speed = math.sqrt(velocity[0] ** 2 + velocity[1] ** 2)
-        vertical = [
-            (true_speed, 5, 0.02 * true_speed, (255, 255, 255)),
-            (car.wheels[0].omega, 7, 0.01 * car.wheels[0].omega, (0, 0, 255)),
-            (car.wheels[1].omega, 8, 0.01 * car.wheels[1].omega, (0, 0, 255)),
-            (car.wheels[2].omega, 9, 0.01 * car.wheels[2].omega, (51, 0, 255)),
-            (car.wheels[3].omega, 10, 0.01 * car.wheels[3].omega, (51, 0, 255)),
-        ]
-        for value, place, length, colour in vertical:
+        vx, vy = car.hull.linearVelocity
+        true_speed = math.sqrt(vx * vx + vy * vy)
+        omegas = [wheel.omega for wheel in car.wheels]
+        vertical = ((true_speed, 0.02 * true_speed, 5, (255, 255, 255)), (omegas[0], 0.01 * omegas[0], 7, (0, 0, 255)),
+                    (omegas[1], 0.01 * omegas[1], 8, (0, 0, 255)), (omegas[2], 0.01 * omegas[2], 9, (51, 0, 255)),
+                    (omegas[3], 0.01 * omegas[3], 10, (51, 0, 255)))
+        for value, length, place, colour in vertical:
             if abs(value) > 1e-4:
                 self._hud_rect(canvas, place * s, H - (h + h * length), (place + 1) * s, H - h, colour)
-        horizontal = [
-            (car.wheels[0].joint.angle, 20, -10.0 * car.wheels[0].joint.angle, (0, 255, 0)),
-            (car.hull.angularVelocity, 30, -0.8 * car.hull.angularVelocity, (255, 0, 0)),
-        ]
-        for value, place, length, colour in horizontal:
+        steering, yaw_rate = car.wheels[0].joint.angle, car.hull.angularVelocity
+        for value, place, length, colour in ((steering, 20, -10.0 * steering, (0, 255, 0)), (yaw_rate, 30, -0.8 * yaw_rate, (255, 0, 0))):
             if abs(value) > 1e-4:
                 self._hud_rect(canvas, place * s, H - 4 * h, (place + length) * s, H - 2 * h, colour)
         self._draw_score(canvas, f"{env.reward:04.0f}")
