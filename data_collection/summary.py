@@ -23,6 +23,7 @@ class DatasetSummary:
     seeds: list[int]
     sources: dict[str, int]
     colour_presets: dict[str, int]
+    renderers: dict[str, int]
     agents: dict[str, int]
     lap_finished_rate: float
     reward_mean: float
@@ -44,6 +45,7 @@ class DatasetSummary:
             f"sources            {_fmt_counts(self.sources)}",
             f"agents             {_fmt_counts(self.agents)}",
             f"colour presets     {_fmt_counts(self.colour_presets)}",
+            f"renderers          {_fmt_counts(self.renderers)}",
             f"episode reward     {self.reward_mean:.1f} ± {self.reward_std:.1f}",
             f"lap finished       {100 * self.lap_finished_rate:.1f}%",
             f"terminations       {_fmt_counts(self.termination_reasons)}",
@@ -90,6 +92,7 @@ def summarize(root: str | Path, on_error: str = "raise") -> DatasetSummary:
         seeds=sorted({int(r.sidecar["track_seed"]) for r in records}),
         sources=dict(Counter(r.sidecar["source"] for r in records)),
         colour_presets=dict(Counter(r.sidecar["colour_preset"] for r in records)),
+        renderers=dict(Counter(r.sidecar.get("renderer", "?") for r in records)),
         agents=dict(Counter(r.sidecar.get("agent_spec", "?") for r in records)),
         lap_finished_rate=float(np.mean([bool(r.sidecar.get("lap_finished")) for r in records])),
         reward_mean=float(np.nanmean(rewards)),

@@ -157,3 +157,12 @@ def test_smoothscale_lut_matches_pygame_on_flat_levels():
         surface.fill((level, level, level))
         scaled = pygame.surfarray.array3d(pygame.transform.smoothscale(surface, (96, 96)))
         assert np.all(scaled == lut[level])
+
+
+def test_human_mode_still_renders_a_window_with_the_fast_renderer():
+    env = make_car_racing(renderer="fast", render_mode="human")  # SDL dummy video driver in tests
+    observation, _ = env.reset(seed=2)
+    observation, *_ = env.step(np.array([0.0, 0.5, 0.0], dtype=np.float32))
+    assert env.unwrapped.screen is not None and env.unwrapped.screen.get_size() == (1000, 800)
+    assert observation.shape == (96, 96, 3) and observation.std() > 5
+    env.close()
