@@ -1,0 +1,1 @@
+"""Closed-loop evaluation and reports (filled by the closed-loop evaluation issue)."""
