@@ -1,0 +1,101 @@
+"""Training objectives for heads that predict (μ, log σ), and the NSAC two-term objective.
+
+NSAC objective (../shared/specs/nsac.md §3), with S draws (μ_s, ℓ_s) on clean inputs and
+(μ̃_s, ℓ̃_s) on perturbed inputs:
+
+    L_nll = mean ½[log 2π + log V̄ + (y − μ̄)²/V̄],   μ̄ = mean_s μ_s,  V̄ = mean_s (e^{2ℓ_s} + ε)
+    L_reg = log(1 + E_id / (E_ood + ε)),            E = mean over batch and outputs of Var_s(μ_s)
+    L     = L_nll + λ·L_reg                          (λ = 0.5, ε = 1e-3)
+
+The regulariser pushes the Monte-Carlo spread down on data and up on perturbed inputs.
+``include_epistemic=True`` adds Var_s(μ_s) to V̄ so training uses the same total variance as
+inference (the published objective leaves it out; default off for parity).
+
+Perturbation (μ_pert, σ_pert): Gaussian noise added to the tensor the caller perturbs, in THAT
+tensor's units. For nsacdrive controllers this is the preprocessed image in [0, 1] (so
+σ_pert = 0.2 is a strong perturbation; the published σ = 5 was applied to images in [0, 1] too,
+where it is pure noise). BatchNorm running statistics must not learn from perturbed passes:
+wrap them in :func:`frozen_batchnorm_statistics`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
+
+
+def check_targets(prediction: torch.Tensor, target: torch.Tensor, name: str = "target") -> None:
+    """Targets must match predictions exactly ([B, out]); never let [B] broadcast to [B, B]."""
+    if target.shape != prediction.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(target.shape)} but predictions have shape {tuple(prediction.shape)}; "
+            "targets must be shaped [B, out] (a [B] target would silently broadcast to [B, B])"
+        )
+
+
+def gaussian_nll(mean: torch.Tensor, log_sigma: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean Gaussian NLL with σ = e^{log σ}, log σ clamped to [−10, 5] (the published convention)."""
+    check_targets(mean, target)
+    log_sigma = log_sigma.clamp(*LOG_SIGMA_BOUNDS)
+    return 0.5 * (math.log(2 * math.pi) + 2 * log_sigma + (target - mean).square() * torch.exp(-2 * log_sigma)).mean()
+
+
+@dataclass
+class NSACLossTerms:
+    total: torch.Tensor
+    nll: torch.Tensor
+    regulariser: torch.Tensor
+    epistemic_id: torch.Tensor
+    epistemic_ood: torch.Tensor
+
+
+@dataclass(frozen=True)
+class NSACObjective:
+    """L = L_nll + λ·L_reg (nsac.md §3); call with clean and perturbed :class:`NSACOutput` draws."""
+
+    lambda_reg: float = 0.5
+    epsilon: float = 1e-3
+    include_epistemic: bool = False
+
+    def __call__(self, clean: NSACOutput, perturbed: NSACOutput, target: torch.Tensor) -> NSACLossTerms:
+        mean_bar = clean.mean.mean(0)
+        check_targets(mean_bar, target)
+        variance_bar = (torch.exp(2 * clean.log_sigma) + self.epsilon).mean(0)
+        spread_id = clean.mean.var(0, unbiased=False)
+        if self.include_epistemic:
+            variance_bar = variance_bar + spread_id
+        nll = 0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar).mean()
+        epistemic_id = spread_id.mean()
+        epistemic_ood = perturbed.mean.var(0, unbiased=False).mean()
+        regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))
+        return NSACLossTerms(nll + self.lambda_reg * regulariser, nll, regulariser, epistemic_id, epistemic_ood)
+
+
+def gaussian_perturbation(x: torch.Tensor, mean: float, std: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """x + N(mean, std²) elementwise, in the units of x (μ_pert, σ_pert of the objective)."""
+    if std < 0:
+        raise ValueError(f"perturbation std must be >= 0, got {std}")
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return x + mean + std * noise
+
+
+@contextmanager
+def frozen_batchnorm_statistics(module: nn.Module) -> Iterator[None]:
+    """Run forward passes in training mode without letting BatchNorm running statistics move."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, (mean, var, count) in zip(norms, saved, strict=True):
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(count)
