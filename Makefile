@@ -8,7 +8,7 @@ export SDL_VIDEODRIVER ?= dummy
 export SDL_AUDIODRIVER ?= dummy
 export PYGAME_HIDE_SUPPORT_PROMPT = 1
 
-.PHONY: install demo lint test test-fast bench clean
+.PHONY: install demo lint test test-fast bench bench-deps clean
 
 install: $(STAMP)
 
@@ -33,9 +33,16 @@ test: install lint
 test-fast: install
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
-bench: install
+# torch-nac (no license; never vendored) is only a timing/parity oracle: installed without its
+# dependencies so it cannot pull a CUDA torch; the benchmark says so when it is unavailable.
+bench-deps: install
+	-$(PY) -m pip install -q --no-deps torch-nac==0.0.2 ncps==1.0.1
+
+bench: install bench-deps
 	$(PY) bench/run.py
 	$(PY) bench/renderer.py
+	$(PY) bench/nsac_speed.py
+	$(PY) bench/levy_speed.py
 
 clean:
 	rm -rf data/demo bench/results .pytest_cache

@@ -98,7 +98,7 @@ def test_single_token_makes_nsac_deterministic_and_regulariser_zero(mode):
     assert torch.equal(a.mean, b.mean)
     assert torch.equal(a.mean[0], a.mean[1])
     terms = NSACObjective()(a, b, torch.zeros(3, 3))
-    assert float(terms.regulariser) == 0.0
+    assert terms.regulariser.item() == 0.0
 
 
 def test_reference_block_topk_drops_the_tail_key():
