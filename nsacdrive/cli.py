@@ -129,6 +129,45 @@ def expert_evaluate(
         typer.echo(f"per-episode results → {out}")
 
 
+@app.command()
+def train(
+    out: Path = typer.Option(..., "--out", help="Run folder (config.json, model.safetensors, history, TensorBoard logs)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder from `nsacdrive collect` (overrides the config file)."),
+    model: Optional[str] = typer.Option(None, "--model", help="nsac | gmle | mcdropout | ensemble | evidential | sdenet | levy (overrides the config file)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON file with TrainConfig fields (see README); flags override it."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
+    max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Cap on training batches per epoch (a time budget)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seeds initialisation, data order, augmentation, noise."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present) | cpu | cuda."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
+) -> None:
+    """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
+    from controllers.training import TrainConfig, Trainer
+
+    try:
+        settings = json.loads(config.read_text()) if config is not None else {}
+    except FileNotFoundError:
+        raise typer.BadParameter(f"--config: {config} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"--config: {config} is not valid JSON ({exc})") from None
+    overrides = {"data": str(data) if data else None, "epochs": epochs, "batch_size": batch_size,
+                 "max_batches_per_epoch": max_batches_per_epoch, "seed": seed, "device": device}
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    if model is not None:
+        settings["model"] = {**settings.get("model", {}), "model": model}
+    if "data" not in settings:
+        raise typer.BadParameter("--data: give the dataset folder (or 'data' in --config)")
+    try:
+        train_config = TrainConfig.from_dict(settings)
+        trainer = Trainer(train_config, out)
+        state = trainer.fit(resume=resume)
+    except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
+
+
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""

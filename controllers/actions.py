@@ -1,0 +1,28 @@
+"""Bounded actions: (steer ∈ [−1, 1], gas ∈ [0, 1], brake ∈ [0, 1]).
+
+Convention (documented once, used by every head): heads predict an unbounded raw mean per
+draw/member, squashed into the action box — tanh for steer, sigmoid for gas and brake — BEFORE
+moments are taken, so the predictive mean always lies inside the box and epistemic spread is
+measured in action units. Aleatoric spread is predicted directly in action units. The
+predictive Gaussian can still put mass outside the box; the driver clips the executed action
+and the evaluator reports how often it had to.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ACTION_NAMES = ("steer", "gas", "brake")
+ACTION_LOW = torch.tensor([-1.0, 0.0, 0.0])
+ACTION_HIGH = torch.tensor([1.0, 1.0, 1.0])
+
+
+def squash(raw: torch.Tensor) -> torch.Tensor:
+    """Raw head means [..., 3] → action-box means (tanh steer, sigmoid pedals)."""
+    if raw.shape[-1] != len(ACTION_NAMES):
+        raise ValueError(f"expected {len(ACTION_NAMES)} action outputs in the last axis, got {raw.shape[-1]}")
+    return torch.cat([torch.tanh(raw[..., :1]), torch.sigmoid(raw[..., 1:])], dim=-1)
+
+
+def clip_to_box(action: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(torch.minimum(action, ACTION_HIGH.to(action)), ACTION_LOW.to(action))

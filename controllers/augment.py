@@ -1,0 +1,62 @@
+"""Colour augmentation on preprocessed RGB frames [B, T, 3, H, W] in [0, 1].
+
+Robustness to the colour presets (envs.colours) depends on this, so it is configurable and
+seeded. One set of parameters per sequence (all T frames of a sample get the same
+transform, as a real colour shift would): hue rotation (YIQ rotation, radians), saturation,
+contrast around the frame mean, brightness offset and per-channel gain; applied with
+probability ``probability`` per sample. ``AugmentConfig(probability=0)`` disables it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+_YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    probability: float = 0.8
+    hue: float = 1.0  # max |rotation| of the chroma plane, radians
+    saturation: float = 0.4
+    contrast: float = 0.3
+    brightness: float = 0.15
+    channel_gain: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError(f"augment probability must lie in [0, 1], got {self.probability}")
+        for name in ("hue", "saturation", "contrast", "brightness", "channel_gain"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"augment {name} must be >= 0, got {getattr(self, name)}")
+
+
+def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch.Generator) -> torch.Tensor:
+    """Randomly recoloured copy of ``frames`` (same shape, clipped to [0, 1])."""
+    if config.probability == 0:
+        return frames
+    batch = frames.shape[0]
+
+    def uniform(low: float, high: float, *shape: int) -> torch.Tensor:
+        return low + (high - low) * torch.rand(batch, *shape, generator=generator)
+
+    apply = (torch.rand(batch, generator=generator) < config.probability).float()
+    angle = uniform(-config.hue, config.hue) * apply
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    rotation = torch.zeros(batch, 3, 3)
+    rotation[:, 0, 0] = 1.0
+    rotation[:, 1, 1], rotation[:, 1, 2], rotation[:, 2, 1], rotation[:, 2, 2] = cos, -sin, sin, cos
+    saturation = 1 + uniform(-config.saturation, config.saturation) * apply
+    rotation[:, 1:, 1:] *= saturation[:, None, None]
+    colour = _YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ  # [B, 3, 3]
+    gain = 1 + uniform(-config.channel_gain, config.channel_gain, 3) * apply[:, None]
+    colour = colour * gain[:, :, None]
+    out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames)
+    contrast = (1 + uniform(-config.contrast, config.contrast) * apply).to(frames)
+    mean = out.mean(dim=(2, 3, 4), keepdim=True)
+    out = (out - mean) * contrast[:, None, None, None, None] + mean
+    out = out + (uniform(-config.brightness, config.brightness) * apply).to(frames)[:, None, None, None, None]
+    return out.clamp(0.0, 1.0)

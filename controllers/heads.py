@@ -1,0 +1,101 @@
+"""Uncertainty heads: tokens [B, T, F] (+ times [B, T]) → (steer, gas, brake) with uncertainty.
+
+Every head implements the same two methods, so training, evaluation and driving never branch
+on the model:
+
+* ``training_loss(tokens, times, target, perturbed_tokens=None) -> dict`` with key ``"total"``
+  (heads with ``uses_perturbed_inputs = True`` get tokens of perturbed frames as well);
+* ``predict(tokens, times, samples) -> UncertainPrediction`` in action units (mean inside the
+  action box, aleatoric and epistemic variance), see :mod:`controllers.actions`.
+
+Times follow one convention: ``t = 1 + timestamp`` with timestamps in seconds relative to the
+newest frame (so t = 1 at the newest frame, 0.94 three frames earlier at 50 Hz).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from controllers.actions import ACTION_NAMES, squash
+from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, NSACOutput, UncertainPrediction, decompose
+from controllers.objectives import NSACObjective, gaussian_nll
+
+N_ACTIONS = len(ACTION_NAMES)
+
+
+class UncertaintyHead(nn.Module):
+    """Base class: see the module docstring for the contract."""
+
+    uses_perturbed_inputs: ClassVar[bool] = False
+
+    def training_loss(self, tokens: torch.Tensor, times: torch.Tensor, target: torch.Tensor,
+                      perturbed_tokens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def predict(self, tokens: torch.Tensor, times: torch.Tensor, samples: int) -> UncertainPrediction:
+        raise NotImplementedError
+
+
+class NSACHead(UncertaintyHead):
+    """NSAC with the two-term objective; S draws batched inside the layer for training and prediction."""
+
+    uses_perturbed_inputs = True
+
+    def __init__(self, config: NSACConfig, train_samples: int = 5, objective: NSACObjective = NSACObjective()) -> None:
+        super().__init__()
+        if config.output_dim != N_ACTIONS:
+            raise ValueError(f"NSACHead needs output_dim={N_ACTIONS}, got {config.output_dim}")
+        if train_samples < 2:
+            raise ValueError("train_samples must be >= 2: the epistemic regulariser needs a spread")
+        self.layer = NSAC(config)
+        self.train_samples = train_samples
+        self.objective = objective
+
+    def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int) -> NSACOutput:
+        out = self.layer(tokens, times, samples=samples)
+        return NSACOutput(squash(out.mean), out.log_sigma, out.internals)
+
+    def training_loss(self, tokens, times, target, perturbed_tokens=None):
+        if perturbed_tokens is None:
+            raise ValueError("NSACHead.training_loss needs perturbed_tokens (the epistemic regulariser)")
+        clean = self.draws(tokens, times, self.train_samples)
+        perturbed = self.draws(perturbed_tokens, times, self.train_samples)
+        terms = self.objective(clean, perturbed, target)
+        return {"total": terms.total, "nll": terms.nll, "regulariser": terms.regulariser,
+                "epistemic_id": terms.epistemic_id, "epistemic_ood": terms.epistemic_ood}
+
+    def predict(self, tokens, times, samples):
+        out = self.draws(tokens, times, samples)
+        return decompose(out.mean, out.log_sigma)
+
+
+class GaussianHead(nn.Module):
+    """Mean and log-σ read-outs of a feature vector, mean squashed into the action box."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.mean = nn.Linear(features, N_ACTIONS)
+        self.log_sigma = nn.Linear(features, N_ACTIONS)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return squash(self.mean(features)), self.log_sigma(features)
+
+
+class GMLEHead(UncertaintyHead):
+    """NAC features + Gaussian maximum likelihood: aleatoric only, epistemic 0 by construction."""
+
+    def __init__(self, config: NACConfig) -> None:
+        super().__init__()
+        self.nac = NAC(config)
+        self.gaussian = GaussianHead(config.d_model)
+
+    def training_loss(self, tokens, times, target, perturbed_tokens=None):
+        mean, log_sigma = self.gaussian(self.nac(tokens, times))
+        return {"total": gaussian_nll(mean, log_sigma, target)}
+
+    def predict(self, tokens, times, samples):
+        mean, log_sigma = self.gaussian(self.nac(tokens, times))
+        return decompose(mean[None], log_sigma[None])

@@ -1,0 +1,104 @@
+"""Model names on the command line (``--model nsac``) → controllers, from one dataclass config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from torch import nn
+
+from controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
+from controllers.controller import Controller
+from controllers.encoders import EncoderConfig, make_encoder
+from controllers.heads import N_ACTIONS, GMLEHead, NSACHead, UncertaintyHead
+from controllers.nsac import NACConfig, NSACConfig
+from controllers.objectives import NSACObjective
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that defines a controller's architecture (saved beside every checkpoint)."""
+
+    model: str = "nsac"
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    d_model: int = 64
+    num_heads: int = 16
+    topk: int = 8
+    mode: str = "corrected"  # NSAC/NAC: corrected | reference
+    bn_std: float | None = None  # NSAC logit noise scale (None: 1.0 corrected, 0.1 reference)
+    train_samples: int = 5  # MC draws per training step (NSAC, MC-Dropout)
+    predict_samples: int = 20  # MC draws at prediction (NSAC, MC-Dropout, SDE-Net)
+    lambda_reg: float = 0.5  # NSAC epistemic regulariser weight
+    dropout: float = 0.1  # MC-Dropout rate
+    members: int = 5  # Deep Ensemble size
+    evidential_coeff: float = 0.01  # Deep Evidential Regression regulariser coefficient
+    sde_depth: int = 6  # SDE-Net Euler steps
+    sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_BUILDERS:
+            raise ValueError(f"--model: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_BUILDERS))}")
+        if isinstance(self.encoder, dict):
+            object.__setattr__(self, "encoder", EncoderConfig(**{**self.encoder, "channels": tuple(self.encoder.get("channels", (32, 64, 64)))}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"model config: unknown fields {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def nsac_config(self) -> NSACConfig:
+        return NSACConfig(input_dim=self.encoder.token_dim, d_model=self.d_model, num_heads=self.num_heads,
+                          topk=self.topk, mode=self.mode, bn_std=self.bn_std, output_dim=N_ACTIONS)  # type: ignore[arg-type]
+
+    def nac_config(self, dropout: float = 0.0) -> NACConfig:
+        return NACConfig(input_dim=self.encoder.token_dim, d_model=self.d_model, num_heads=self.num_heads,
+                         topk=self.topk, mode=self.mode, dropout=dropout)  # type: ignore[arg-type]
+
+
+def _nsac(config: ModelConfig) -> UncertaintyHead:
+    return NSACHead(config.nsac_config(), config.train_samples, NSACObjective(lambda_reg=config.lambda_reg))
+
+
+def _gmle(config: ModelConfig) -> UncertaintyHead:
+    return GMLEHead(config.nac_config())
+
+
+def _mcdropout(config: ModelConfig) -> UncertaintyHead:
+    return MCDropoutHead(config.nac_config(dropout=config.dropout), config.dropout, config.train_samples)
+
+
+def _ensemble(config: ModelConfig) -> UncertaintyHead:
+    raise ValueError("'ensemble' is M whole controllers (encoders + heads), not a head: build it with "
+                     "build_controller(config), which returns an EnsembleController")
+
+
+def _evidential(config: ModelConfig) -> UncertaintyHead:
+    return EvidentialHead(config.nac_config(), config.evidential_coeff)
+
+
+def _sdenet(config: ModelConfig) -> UncertaintyHead:
+    return SDENetHead(config.encoder.token_dim, config.d_model, config.sde_depth, config.sde_sigma_max)
+
+
+MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {
+    "nsac": _nsac,
+    "gmle": _gmle,
+    "mcdropout": _mcdropout,
+    "ensemble": _ensemble,
+    "evidential": _evidential,
+    "sdenet": _sdenet,
+}
+
+
+def build_controller(config: ModelConfig) -> nn.Module:
+    """A fresh, randomly initialised controller (seed the global RNG first for determinism)."""
+    if config.model == "ensemble":
+        return EnsembleController(config)
+    return Controller(make_encoder(config.encoder), MODEL_BUILDERS[config.model](config))

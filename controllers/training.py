@@ -1,0 +1,278 @@
+"""Train a controller on recorded demonstrations: seeded, resumable, early-stopped.
+
+One epoch visits the training split (track seeds disjoint from validation and test) in the
+order of :class:`data_collection.dataset.EpisodeGroupedSampler`, recolours every sequence with
+:func:`controllers.augment.colour_augment`, and steps AdamW on the head's loss (heads that
+need perturbed inputs get frames + N(μ_pert, σ_pert²) in preprocessed [0, 1] units, with
+BatchNorm statistics frozen for that pass). After each epoch the validation loss drives a
+ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safetensors``.
+
+Determinism and exact resume: every source of randomness of epoch e (sampler order,
+augmentation, perturbation, MC draws, dropout) is seeded from (seed, e), and the state saved
+after each epoch (weights, optimiser, scheduler, counters) is all that the next epoch reads,
+so ``--resume`` after a kill gives the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from controllers.augment import AugmentConfig, colour_augment
+from controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
+from controllers.registry import ModelConfig, build_controller
+from data_collection.dataset import EpisodeGroupedSampler, SequenceDataset, load_episode_records
+from nsacdrive.atomic import atomic_path, atomic_write_json
+from nsacdrive.seeds import format_seeds, parse_seeds
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on (saved as ``config.json`` in the run folder)."""
+
+    data: str
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train_seeds: str = "auto"  # "auto": 80/10/10 % of the dataset's track seeds, in order
+    val_seeds: str = "auto"
+    test_seeds: str = "auto"
+    sequence_length: int = 4
+    frame_stride: int = 2
+    batch_size: int = 64
+    epochs: int = 20
+    max_batches_per_epoch: int | None = None
+    max_val_batches: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    plateau_factor: float = 0.5
+    plateau_patience: int = 2
+    early_stopping_patience: int = 5
+    grad_clip: float = 10.0
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1])
+    perturb_std: float = 0.2  # σ_pert, preprocessed-image units ([0, 1])
+    cache_episodes: int = 8
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            object.__setattr__(self, "model", ModelConfig.from_dict(self.model))
+        if isinstance(self.augment, dict):
+            object.__setattr__(self, "augment", AugmentConfig(**self.augment))
+        for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"training config: unknown fields {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+
+def resolve_split(config: TrainConfig) -> TrainConfig:
+    """Replace ``auto`` seed ranges by explicit, disjoint ones taken from the dataset."""
+    if "auto" not in (config.train_seeds, config.val_seeds, config.test_seeds):
+        return config
+    if {config.train_seeds, config.val_seeds, config.test_seeds} != {"auto"}:
+        raise ValueError("train/val/test seeds: give all three ranges or none ('auto')")
+    seeds = sorted({int(r.sidecar["track_seed"]) for r in load_episode_records(Path(config.data), None, "raise")})
+    if len(seeds) < 3:
+        raise ValueError(f"{config.data}: an automatic split needs >= 3 track seeds, found {len(seeds)}")
+    n_held = max(1, round(0.1 * len(seeds)))
+    test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
+    return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs completed
+    best_val: float = math.inf
+    bad_epochs: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Trainer:
+    """Owns the model, data, optimiser and run folder of one training run."""
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path, progress: bool = True) -> None:
+        self.config = resolve_split(config)
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.device = pick_device(self.config.device)
+        torch.manual_seed(self.config.seed)
+        self.model = build_controller(self.config.model).to(self.device)
+        cfg = self.config
+        dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride, cache_episodes=cfg.cache_episodes)
+        self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), **dataset_kw)
+        self.val_set = SequenceDataset(cfg.data, parse_seeds(cfg.val_seeds, "val seeds"), **dataset_kw)
+        for name, dataset in (("train", self.train_set), ("val", self.val_set)):
+            if len(dataset) == 0:
+                raise ValueError(f"{cfg.data}: the {name} split ({getattr(cfg, name + '_seeds')}) holds no samples")
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(self.optimizer, factor=cfg.plateau_factor, patience=cfg.plateau_patience)
+        self.state = TrainState()
+
+    # ------------------------------------------------------------------ persistence
+    @property
+    def resume_dir(self) -> Path:
+        return self.run_dir / "resume"
+
+    def save_resume_state(self) -> None:
+        save_weights(self.model, self.resume_dir / "last.safetensors")
+        with atomic_path(self.resume_dir / "state.pt") as tmp:
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "train_state": dataclasses.asdict(self.state)}, tmp)
+        atomic_write_json(self.run_dir / "history.json", self.state.history)
+
+    def load_resume_state(self) -> None:
+        saved = self.config.to_dict()
+        on_disk = read_config(self.run_dir)
+        if on_disk != json.loads(json.dumps(saved)):
+            raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
+        load_weights(self.model, self.resume_dir / "last.safetensors")
+        try:
+            blob = torch.load(self.resume_dir / "state.pt", weights_only=False)
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.resume_dir / 'state.pt'}: resume state is missing") from None
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.scheduler.load_state_dict(blob["scheduler"])
+        self.state = TrainState(**blob["train_state"])
+
+    # ------------------------------------------------------------------ epochs
+    def _perturb(self, generator: torch.Generator):
+        cfg = self.config
+
+        def perturb(frames: torch.Tensor) -> torch.Tensor:
+            noise = torch.randn(frames.shape, generator=generator).to(frames)
+            return frames + cfg.perturb_mean + cfg.perturb_std * noise
+
+        return perturb
+
+    def _batches(self, dataset: SequenceDataset, epoch: int) -> DataLoader:
+        sampler = EpisodeGroupedSampler(dataset, seed=self.config.seed)
+        sampler.set_epoch(epoch)
+        return DataLoader(dataset, batch_size=self.config.batch_size, sampler=sampler, num_workers=0)
+
+    def _run_epoch(self, epoch: int) -> dict[str, float]:
+        cfg = self.config
+        seed = epoch_seed(cfg.seed, epoch)
+        torch.manual_seed(seed)
+        augment_rng = torch.Generator().manual_seed(seed + 1)
+        perturb_rng = torch.Generator().manual_seed(seed + 2)
+        self.model.train()
+        loader = self._batches(self.train_set, epoch)
+        n_batches = len(loader) if cfg.max_batches_per_epoch is None else min(len(loader), cfg.max_batches_per_epoch)
+        totals: dict[str, float] = {}
+        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False)
+        for index, batch in enumerate(loader):
+            if index >= n_batches:
+                break
+            frames = colour_augment(batch["frames"], cfg.augment, augment_rng).to(self.device)
+            terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
+                                             perturb=self._perturb(perturb_rng))
+            self.optimizer.zero_grad(set_to_none=True)
+            terms["total"].backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            for key, value in terms.items():
+                totals[key] = totals.get(key, 0.0) + float(value.detach())
+            bar.update(1)
+            bar.set_postfix(loss=f"{totals['total'] / (index + 1):.4f}")
+        bar.close()
+        train_terms = {f"train_{k}": v / max(n_batches, 1) for k, v in totals.items()}
+        return {**train_terms, "val_total": self.validate(epoch)}
+
+    @torch.no_grad()
+    def validate(self, epoch: int) -> float:
+        """Mean validation loss (no augmentation; perturbation and MC draws seeded per epoch)."""
+        seed = epoch_seed(self.config.seed, 10_000 + epoch)
+        torch.manual_seed(seed)
+        perturb_rng = torch.Generator().manual_seed(seed)
+        self.model.eval()
+        total, count = 0.0, 0
+        for index, batch in enumerate(self._batches(self.val_set, 0)):
+            if self.config.max_val_batches is not None and index >= self.config.max_val_batches:
+                break
+            terms = self.model.training_loss(batch["frames"].to(self.device), batch["timestamps"].to(self.device),
+                                             batch["action"].to(self.device), perturb=self._perturb(perturb_rng))
+            total += float(terms["total"]) * len(batch["action"])
+            count += len(batch["action"])
+        return total / count
+
+    def fit(self, resume: bool = False) -> TrainState:
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load_resume_state()
+        else:
+            if (self.run_dir / WEIGHTS_FILE).exists() or (self.resume_dir / "state.pt").exists():
+                raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
+            write_config(self.run_dir, cfg.to_dict())
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.epoch)
+        try:
+            while self.state.epoch < cfg.epochs and self.state.bad_epochs < cfg.early_stopping_patience:
+                epoch = self.state.epoch
+                start = time.perf_counter()
+                record = self._run_epoch(epoch)
+                self.scheduler.step(record["val_total"])
+                record.update(epoch=epoch + 1, lr=self.optimizer.param_groups[0]["lr"], seconds=time.perf_counter() - start)
+                for key, value in record.items():
+                    if key != "epoch":
+                        writer.add_scalar(key, value, epoch + 1)
+                if record["val_total"] < self.state.best_val:
+                    self.state.best_val, self.state.bad_epochs = record["val_total"], 0
+                    save_weights(self.model, self.run_dir / WEIGHTS_FILE)
+                else:
+                    self.state.bad_epochs += 1
+                self.state.history.append(record)
+                self.state.epoch += 1
+                self.save_resume_state()
+                if self.progress:
+                    tqdm.write(f"epoch {epoch + 1}: train {record['train_total']:.4f}  val {record['val_total']:.4f}  "
+                               f"lr {record['lr']:.2e}  ({record['seconds']:.0f}s)")
+        finally:
+            writer.close()
+        return self.state
+
+
+def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
+    """The best-validation controller of a run folder, in eval mode, and its training config."""
+    run_dir = Path(run_dir)
+    raw = read_config(run_dir)
+    try:
+        config = TrainConfig.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{run_dir / 'config.json'}: not a valid training config ({exc})") from None
+    model = build_controller(config.model)
+    load_weights(model, run_dir / WEIGHTS_FILE)
+    return model.to(pick_device(device)).eval(), config
