@@ -1,8 +1,8 @@
 """Agent specs on the command line (``--agent expert``) → Agent instances.
 
 A spec is a short string so it can be stored in sidecars and sent to worker processes:
-``expert`` is the tuned pure-pursuit teacher. Later agents (``ppo:DIR``, learned controllers)
-register here too.
+``expert`` is the tuned pure-pursuit teacher; ``controller:RUN`` drives with a trained
+controller (:class:`eval.driver.ControllerAgent`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,17 @@ from collections.abc import Callable
 from agents.base import Agent
 from agents.expert import PurePursuitExpert
 
+def _controller(argument: str) -> Agent:
+    if not argument:
+        raise ValueError("--agent: controller needs a run folder, e.g. controller:runs/nsac")
+    from eval.driver import ControllerAgent  # lazy: agents must not import the training stack
+
+    return ControllerAgent(argument)
+
+
 _FACTORIES: dict[str, Callable[[str], Agent]] = {
     "expert": lambda argument: PurePursuitExpert(),
+    "controller": _controller,
 }
 
 

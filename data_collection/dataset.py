@@ -102,6 +102,16 @@ def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Lite
     return records
 
 
+def sequence_offsets(sequence_length: int, frame_stride: int) -> np.ndarray:
+    """Step offsets of a sequence's frames relative to its newest frame: (−(T−1)·stride, …, 0)."""
+    return -np.arange(sequence_length - 1, -1, -1) * frame_stride
+
+
+def sequence_timestamps(sequence_length: int, frame_stride: int) -> np.ndarray:
+    """Seconds relative to the newest frame, float32 — shared by training and closed-loop driving."""
+    return (sequence_offsets(sequence_length, frame_stride) / FPS).astype(np.float32)
+
+
 class SequenceDataset(Dataset):
     """Samples ``(frames[T,3,84,96], action[3], action_sequence[T,3], timestamps[T])``.
 
@@ -136,8 +146,8 @@ class SequenceDataset(Dataset):
             for i, r in enumerate(self.episodes)
         ]
         self.index = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
-        self._offsets = -np.arange(sequence_length - 1, -1, -1) * frame_stride  # oldest … newest
-        self.timestamps = torch.from_numpy(self._offsets.astype(np.float32) / FPS)
+        self._offsets = sequence_offsets(sequence_length, frame_stride)  # oldest … newest
+        self.timestamps = torch.from_numpy(sequence_timestamps(sequence_length, frame_stride))
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:

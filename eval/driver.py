@@ -1,0 +1,67 @@
+"""Drive CarRacing with a trained controller: the closed-loop twin of the training data path.
+
+The agent keeps the last (T−1)·stride + 1 raw frames, picks the T frames ``stride`` steps apart
+exactly as :class:`data_collection.dataset.SequenceDataset` does, runs them through the same
+:func:`envs.preprocess_observation` and the same timestamps
+(:func:`data_collection.dataset.sequence_timestamps`), so the network sees in closed loop what
+it saw in training (the published pipeline fed 4 frames as channels of one step instead).
+Before (T−1)·stride steps have passed, the missing older frames repeat the first frame.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from controllers.actions import clip_to_box
+from controllers.nsac import UncertainPrediction
+from controllers.training import load_run
+from data_collection.dataset import sequence_offsets, sequence_timestamps
+from envs.observation import preprocess_observation
+from envs.state import PrivilegedState
+
+
+class ControllerAgent:
+    """An :class:`agents.base.Agent` that acts with the predictive mean of a trained controller."""
+
+    source = "controller"
+    needs_pixels = True
+
+    def __init__(self, run_dir: str | Path, samples: int = 20, device: str = "cpu") -> None:
+        self.run_dir = Path(run_dir)
+        self.model, self.train_config = load_run(self.run_dir, device)
+        self.samples = samples
+        self.device = torch.device(device)
+        length, stride = self.train_config.sequence_length, self.train_config.frame_stride
+        self.offsets = sequence_offsets(length, stride)
+        self.timestamps = torch.from_numpy(sequence_timestamps(length, stride))[None].to(self.device)
+        self.frames: deque[np.ndarray] = deque(maxlen=-int(self.offsets[0]) + 1)
+        self.agent_id = f"controller:{self.run_dir.name}"
+        self.last_prediction: UncertainPrediction | None = None
+
+    def reset(self) -> None:
+        self.frames.clear()
+        self.last_prediction = None
+
+    def config(self) -> dict[str, Any]:
+        return {"agent_id": self.agent_id, "run_dir": str(self.run_dir), "samples": self.samples,
+                "model": self.train_config.model.model}
+
+    def sequence(self) -> np.ndarray:
+        """The T raw frames the network sees now, oldest first (start of episode: first frame repeated)."""
+        newest = len(self.frames) - 1
+        return np.stack([self.frames[max(newest + int(offset), 0)] for offset in self.offsets])
+
+    def predict(self, observation: np.ndarray) -> UncertainPrediction:
+        self.frames.append(np.asarray(observation))
+        frames = torch.from_numpy(preprocess_observation(self.sequence()))[None].to(self.device)
+        self.last_prediction = self.model.predict(frames, self.timestamps, samples=self.samples)
+        return self.last_prediction
+
+    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        prediction = self.predict(observation)
+        return clip_to_box(prediction.mean[0]).cpu().numpy().astype(np.float32)
