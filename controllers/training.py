@@ -45,6 +45,7 @@ class TrainConfig:
     train_seeds: str = "auto"  # "auto": 80/10/10 % of the dataset's track seeds, in order
     val_seeds: str = "auto"
     test_seeds: str = "auto"
+    train_presets: tuple[str, ...] = ("default",)  # colour presets trained on; others stay out of distribution
     sequence_length: int = 4
     frame_stride: int = 2
     batch_size: int = 64
@@ -67,6 +68,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig.from_dict(self.model))
+        object.__setattr__(self, "train_presets", tuple(self.train_presets))
         if isinstance(self.augment, dict):
             object.__setattr__(self, "augment", AugmentConfig(**self.augment))
         for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
@@ -130,7 +132,8 @@ class Trainer:
         torch.manual_seed(self.config.seed)
         self.model = build_controller(self.config.model).to(self.device)
         cfg = self.config
-        dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride, cache_episodes=cfg.cache_episodes)
+        dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride,
+                          cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets)
         self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), **dataset_kw)
         self.val_set = SequenceDataset(cfg.data, parse_seeds(cfg.val_seeds, "val seeds"), **dataset_kw)
         for name, dataset in (("train", self.train_set), ("val", self.val_set)):

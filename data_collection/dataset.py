@@ -79,14 +79,17 @@ class EpisodeRecord:
         return int(self.sidecar["n_steps"])
 
 
-def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Literal["raise", "skip"]) -> list[EpisodeRecord]:
-    """Validate and index every episode in ``root`` whose track seed is in ``seeds``."""
+def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Literal["raise", "skip"],
+                         colour_presets: Iterable[str] | None = None) -> list[EpisodeRecord]:
+    """Validate and index every episode in ``root`` whose track seed is in ``seeds`` (and whose
+    colour preset is in ``colour_presets``, when given)."""
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"{root}: dataset folder does not exist")
     if on_error not in ("raise", "skip"):
         raise DatasetError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     wanted = None if seeds is None else set(int(s) for s in seeds)
+    presets = None if colour_presets is None else set(colour_presets)
     records = []
     for path in sidecar_paths(root):
         try:
@@ -97,6 +100,8 @@ def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Lite
             warnings.warn(f"skipping episode: {exc}", stacklevel=2)
             continue
         if wanted is not None and int(sidecar["track_seed"]) not in wanted:
+            continue
+        if presets is not None and sidecar["colour_preset"] not in presets:
             continue
         records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"]))
     return records
@@ -128,6 +133,7 @@ class SequenceDataset(Dataset):
         skip_intro: int = INTRO_STEPS,
         cache_episodes: int = 4,
         on_error: Literal["raise", "skip"] = "raise",
+        colour_presets: Iterable[str] | None = None,
     ) -> None:
         if sequence_length < 1 or frame_stride < 1 or skip_intro < 0 or cache_episodes < 1:
             raise DatasetError(
@@ -139,7 +145,7 @@ class SequenceDataset(Dataset):
         self.frame_stride = frame_stride
         self.cache_episodes = cache_episodes
         self.on_error = on_error
-        self.episodes = load_episode_records(self.root, seeds, on_error)
+        self.episodes = load_episode_records(self.root, seeds, on_error, colour_presets)
         first_end = skip_intro + (sequence_length - 1) * frame_stride
         index = [
             np.stack([np.full(max(r.n_steps - first_end, 0), i), np.arange(first_end, max(r.n_steps, first_end))], axis=1)

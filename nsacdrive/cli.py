@@ -168,6 +168,38 @@ def train(
     typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
 
 
+@app.command("evaluate-offline")
+def evaluate_offline(
+    runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
+    data: Path = typer.Option(..., "--data", help="Dataset folder holding the runs' held-out track seeds."),
+    split: str = typer.Option("test", "--split", help="test | val (each run's own seed ranges)."),
+    colour_preset: Optional[str] = typer.Option(None, "--colour-preset", help="Also evaluate on these seeds recorded under this preset (e.g. shift-3) and report OOD AUROC."),
+    out: Path = typer.Option(Path("runs/offline"), "--out", help="Folder for offline.md / offline.csv / offline.json."),
+    train_seeds: int = typer.Option(1, "--train-seeds", min=1, help="Retrain each run with N seeds (seed, seed+1, …) and report mean ± std."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
+) -> None:
+    """One table of uncertainty metrics per action and model, clean and colour-perturbed."""
+    from controllers.checkpoint import CheckpointError
+    from eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
+
+    if split not in ("test", "val"):
+        raise typer.BadParameter(f"--split: expected test or val, got {split!r}")
+    if colour_preset is not None:
+        _presets(colour_preset)
+    try:
+        results = []
+        for run in runs:
+            for repeat in seed_repeats(run, train_seeds):
+                results.append(evaluate_run(repeat, data, split, colour_preset, max_samples))
+    except (CheckpointError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    rows = aggregate_seeds(results) if train_seeds > 1 else table_rows(results)
+    typer.echo(write_tables(results, out, rows))
+    typer.echo(f"\ncalibration: {results[0]['conditions']['clean']['calibration']}")
+    typer.echo(f"tables → {out}/offline.md, offline.csv, offline.json")
+
+
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""

@@ -1,0 +1,166 @@
+"""Offline evaluation: uncertainty metrics of trained controllers on held-out recorded tracks.
+
+For every run: the test (or validation) track seeds of its own training config, clean
+episodes (colour preset ``default``) and, when ``perturbed_preset`` is given, the episodes of
+the same seeds recorded under that preset (the expert drives on privileged state, so the
+labels are the same laps, recoloured). Predictions use each model's own number of draws.
+Per action and model: MSE, NLL, CRPS, MACE/RMSCE, sharpness, AUSE, Spearman
+(:func:`controllers.metrics.regression_report`), and the OOD AUROC of the predictive std
+between clean and perturbed frames.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from controllers.actions import ACTION_NAMES
+from controllers.metrics import ood_auroc, regression_report
+from controllers.training import load_run
+from data_collection.dataset import SequenceDataset
+from nsacdrive.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.seeds import parse_seeds
+
+METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
+
+
+@dataclass
+class Predictions:
+    target: np.ndarray  # [N, 3]
+    mean: np.ndarray
+    aleatoric: np.ndarray
+    epistemic: np.ndarray
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(self.aleatoric + self.epistemic)
+
+
+@torch.no_grad()
+def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
+    torch.manual_seed(seed)
+    parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": []}
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples)
+        parts["target"].append(batch["action"].numpy())
+        parts["mean"].append(prediction.mean.numpy())
+        parts["aleatoric"].append(prediction.aleatoric.numpy())
+        parts["epistemic"].append(prediction.epistemic.numpy())
+    return Predictions(**{k: np.concatenate(v).astype(np.float64) for k, v in parts.items()})
+
+
+def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
+                 max_samples: int | None = None) -> dict[str, Any]:
+    """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed."""
+    model, config = load_run(run_dir)
+    seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
+    kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride)
+    conditions = {"clean": "default"}
+    if perturbed_preset:
+        conditions[perturbed_preset] = perturbed_preset
+    out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {}}
+    predictions = {}
+    for name, preset in conditions.items():
+        dataset = SequenceDataset(data, seeds, colour_presets=[preset], **kw)
+        if len(dataset) == 0:
+            raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
+                             f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
+        if max_samples is not None and len(dataset) > max_samples:
+            keep = np.linspace(0, len(dataset) - 1, max_samples).astype(int)
+            dataset = torch.utils.data.Subset(dataset, keep.tolist())  # type: ignore[assignment]
+        pred = predict_split(model, dataset, config.model.predict_samples)
+        predictions[name] = pred
+        report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
+        out["conditions"][name] = {"samples": len(pred.target), **report}
+    if perturbed_preset:
+        clean, shifted = predictions["clean"], predictions[perturbed_preset]
+        out["ood_auroc"] = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
+        out["ood_auroc"]["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
+    return out
+
+
+def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (model, condition, action) with every metric (and AUROC when available)."""
+    rows = []
+    for result in results:
+        for condition, report in result["conditions"].items():
+            for action in ACTION_NAMES:
+                metrics = report["per_action"][action]
+                row = {"model": result["model"], "run": Path(result["run"]).name, "condition": condition, "action": action}
+                row.update({m: metrics[m] for m in METRICS})
+                row["ood_auroc"] = result.get("ood_auroc", {}).get(action) if condition != "clean" else None
+                rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    value = row[column]
+    if value is None:
+        return ""
+    if not isinstance(value, float):
+        return str(value)
+    spread = row.get(f"{column}_std")
+    return f"{value:.4f} ± {spread:.4f}" if spread is not None else f"{value:.4f}"
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    columns = ["model", "condition", "action", *METRICS, "ood_auroc"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row, c) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_tables(results: list[dict[str, Any]], out_dir: Path, rows: list[dict[str, Any]] | None = None) -> str:
+    """offline.md / offline.csv / offline.json in ``out_dir``; returns the markdown."""
+    rows = table_rows(results) if rows is None else rows
+    markdown = to_markdown(rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out_dir / "offline.md", (markdown + "\n").encode())
+    atomic_write_bytes(out_dir / "offline.csv", buffer.getvalue().encode())
+    atomic_write_json(out_dir / "offline.json", {"results": results, "calibration_convention": results[0]["conditions"]["clean"]["calibration"]})
+    return markdown
+
+
+def seed_repeats(run_dir: Path, count: int, progress: bool = True) -> list[Path]:
+    """``run_dir`` plus ``count − 1`` retrainings with seeds seed+1, … (in run_dir/seed-repeats/, resumable)."""
+    import dataclasses
+
+    from controllers.training import Trainer
+
+    _, config = load_run(run_dir)
+    runs = [run_dir]
+    for k in range(1, count):
+        target = run_dir / "seed-repeats" / f"seed{config.seed + k}"
+        if not (target / "model.safetensors").exists() or (target / "resume" / "state.pt").exists():
+            trainer = Trainer(dataclasses.replace(config, seed=config.seed + k), target, progress=progress)
+            done = (target / "resume" / "state.pt").exists()
+            trainer.fit(resume=done)
+        runs.append(target)
+    return runs
+
+
+def aggregate_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with mean ± std over seed repeats of the same model (``<metric>_std`` columns added)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in table_rows(results):
+        groups.setdefault((row["model"], row["condition"], row["action"]), []).append(row)
+    aggregated = []
+    for (model, condition, action), rows in groups.items():
+        entry: dict[str, Any] = {"model": model, "run": f"{len(rows)} seeds", "condition": condition, "action": action}
+        for metric in (*METRICS, "ood_auroc"):
+            values = [r[metric] for r in rows if r[metric] is not None]
+            entry[metric] = float(np.mean(values)) if values else None
+            entry[f"{metric}_std"] = float(np.std(values)) if values else None
+        aggregated.append(entry)
+    return aggregated
