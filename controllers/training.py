@@ -203,7 +203,7 @@ class Trainer:
                                              perturb=self._perturb(perturb_rng))
             self.optimizer.zero_grad(set_to_none=True)
             terms["total"].backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self._clip_gradients()
             self.optimizer.step()
             for key, value in terms.items():
                 totals[key] = totals.get(key, 0.0) + float(value.detach())
@@ -212,6 +212,13 @@ class Trainer:
         bar.close()
         train_terms = {f"train_{k}": v / max(n_batches, 1) for k, v in totals.items()}
         return {**train_terms, "val_total": self.validate(epoch)}
+
+    def _clip_gradients(self) -> None:
+        """Clip by global norm; ensemble members each on their own, so members stay independent."""
+        members = getattr(self.model, "members", None)
+        groups = [list(self.model.member_parameters(k)) for k in range(len(members))] if members is not None else [list(self.model.parameters())]
+        for group in groups:
+            torch.nn.utils.clip_grad_norm_(group, self.config.grad_clip)
 
     @torch.no_grad()
     def validate(self, epoch: int) -> float:
