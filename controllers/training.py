@@ -240,9 +240,9 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainState:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
+        if resume and (self.resume_dir / "state.pt").exists():
             self.load_resume_state()
-        else:
+        else:  # --resume on a run that never finished an epoch simply starts it
             if (self.run_dir / WEIGHTS_FILE).exists() or (self.resume_dir / "state.pt").exists():
                 raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
             write_config(self.run_dir, cfg.to_dict())
