@@ -46,6 +46,7 @@ bench: install bench-deps
 	$(PY) bench/renderer.py
 	$(PY) bench/nsac_speed.py
 	$(PY) bench/levy_speed.py
+	$(PY) bench/training_speed.py
 
 clean:
 	rm -rf data/demo runs/demo-nsac runs/demo-offline bench/results .pytest_cache

@@ -1,0 +1,112 @@
+"""Controller speed: training samples/s per model and one-frame control latency.
+
+* training: samples/s of one optimiser step (loss incl. MC draws and perturbed passes,
+  backward, AdamW) at batch 64 on T = 4 frames, per model;
+* control: latency of ``ControllerAgent``-style prediction for one new frame (preprocess +
+  encoder over the T-frame window + head), deterministic (1 draw) vs with uncertainty
+  (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
+* memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
+  ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
+
+One thread (torch.set_num_threads(1)): "per step on one core". Usage:
+``python bench/training_speed.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.nsac_speed import median_time  # noqa: E402
+from bench.run import PeakRss  # noqa: E402
+from controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller  # noqa: E402
+from envs.observation import preprocess_observation  # noqa: E402
+from nsacdrive.atomic import atomic_write_json  # noqa: E402
+
+MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
+
+
+def training_speed(model: str, batch: int, repeats: int) -> float:
+    torch.manual_seed(0)
+    controller = build_controller(ModelConfig(model=model)).train()
+    optimizer = torch.optim.AdamW(controller.parameters(), 1e-3)
+    frames = torch.rand(batch, 4, 3, 84, 96)
+    timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]]).expand(batch, 4)
+    target = torch.rand(batch, 3)
+
+    def step() -> None:
+        loss = controller.training_loss(frames, timestamps, target, perturb=lambda x: x + 0.2 * torch.randn_like(x))["total"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return batch / median_time(step, repeats)
+
+
+def control_latency(model: str, repeats: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    config = ModelConfig(model=model)
+    controller = build_controller(config).eval()
+    raw = np.random.default_rng(0).integers(0, 255, (4, 96, 96, 3), dtype=np.uint8)
+    timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]])
+
+    def control(samples: int):
+        def run() -> None:
+            controller.predict(torch.from_numpy(preprocess_observation(raw))[None], timestamps, samples=samples)
+        return run
+
+    return {"deterministic_ms": median_time(control(1), repeats) * 1e3,
+            "uncertainty_ms": median_time(control(config.predict_samples), repeats) * 1e3,
+            "samples": config.predict_samples}
+
+
+def demo_training_memory() -> float | None:
+    data = ROOT / "data" / "demo"
+    if not data.is_dir():
+        return None
+    settings = json.loads((ROOT / "configs" / "demo.json").read_text())
+    settings.update(epochs=1)
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "config.json"
+        config.write_text(json.dumps(settings))
+        process = subprocess.Popen([sys.executable, "-m", "nsacdrive.cli", "train", "--data", str(data), "--out",
+                                    str(Path(folder) / "run"), "--config", str(config)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        with PeakRss(process.pid) as rss:
+            process.wait()
+    return rss.peak / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, no memory run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    repeats = 2 if args.quick else 5
+    rows = []
+    for model in MODELS:
+        latency = control_latency(model, 5 if args.quick else 30)
+        rows.append({"model": model, "train_samples_per_s": training_speed(model, 64, repeats), **latency})
+    print(f"\n{'model':<12}{'train samples/s':>17}{'control ms (det.)':>19}{'control ms (unc.)':>19}{'draws':>7}")
+    for r in rows:
+        print(f"{r['model']:<12}{r['train_samples_per_s']:>17.0f}{r['deterministic_ms']:>19.2f}{r['uncertainty_ms']:>19.2f}{r['samples']:>7}")
+    memory = None if args.quick else demo_training_memory()
+    if memory is not None:
+        print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
+    out = ROOT / "bench" / "results" / ("training_speed-quick.json" if args.quick else "training_speed.json")
+    atomic_write_json(out, {"models": rows, "demo_training_peak_rss_mb": memory})
+    print(f"saved → {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
