@@ -12,6 +12,7 @@ from collections.abc import Callable
 from agents.base import Agent
 from agents.expert import PurePursuitExpert
 
+
 def _controller(argument: str) -> Agent:
     if not argument:
         raise ValueError("--agent: controller needs a run folder, e.g. controller:runs/nsac")

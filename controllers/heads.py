@@ -99,3 +99,56 @@ class GMLEHead(UncertaintyHead):
     def predict(self, tokens, times, samples):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
         return decompose(mean[None], log_sigma[None])
+
+
+class LevyHead(UncertaintyHead):
+    """Lévy attention with one query per action (levy.md §5) over the frame tokens.
+
+    Keys are the T frame tokens at index-space time t_f = 1 + timestamp / window (clipped to
+    [0, 1]; the newest frame sits at t = 1) with a learned identity vector per frame slot. Mean:
+    the deterministic mean path, squashed into the action box. Aleatoric: a per-action log-σ
+    read-out of ā_k. Epistemic: the variance of the squashed actions over K draws of the
+    layer's Poisson sampler (the "K-draw mode": the nonlinear action head sees every draw).
+    σ̂ itself (``deviation``) is available from :meth:`signals` for calibration.
+    """
+
+    def __init__(self, token_dim: int, sequence_length: int, num_heads: int = 4, identity_dim: int = 16,
+                 window: float = 0.5) -> None:
+        super().__init__()
+        from controllers.levy import LevyActionHead, LevyActionHeadConfig, LevyAttentionConfig
+
+        attention = LevyAttentionConfig(embed_dim=token_dim, num_heads=num_heads, identity_dim=identity_dim)
+        self.actions = LevyActionHead(LevyActionHeadConfig(attention=attention, num_actions=N_ACTIONS))
+        self.identity = nn.Parameter(0.5 * torch.randn(sequence_length, identity_dim))
+        self.log_sigma_weight = nn.Parameter(torch.zeros(N_ACTIONS, token_dim))
+        self.log_sigma_bias = nn.Parameter(torch.full((N_ACTIONS,), -1.0))
+        self.window = window
+
+    def _keys(self, tokens: torch.Tensor, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if tokens.shape[1] != self.identity.shape[0]:
+            raise ValueError(f"LevyHead was built for {self.identity.shape[0]} frames, got {tokens.shape[1]}")
+        key_times = (1.0 + (times - 1.0) / self.window).clamp(0.0, 1.0)
+        return key_times, self.identity.expand(tokens.shape[0], -1, -1)
+
+    def _mean_and_log_sigma(self, tokens, times):
+        key_times, identity = self._keys(tokens, times)
+        out = self.actions(tokens, key_times, identity)
+        log_sigma = torch.einsum("bae,ae->ba", out.attention.output, self.log_sigma_weight) + self.log_sigma_bias
+        return squash(out.action), log_sigma, out
+
+    def signals(self, tokens: torch.Tensor, times: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-action evidence Λ, disagreement trΣ_V and deviation σ̂, [B, 3] each."""
+        _, _, out = self._mean_and_log_sigma(tokens, times)
+        return {"evidence": out.attention.evidence, "disagreement": out.attention.disagreement,
+                "deviation": out.attention.deviation}
+
+    def training_loss(self, tokens, times, target, perturbed_tokens=None):
+        mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)
+        return {"total": gaussian_nll(mean, log_sigma, target)}
+
+    def predict(self, tokens, times, samples):
+        mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)
+        key_times, identity = self._keys(tokens, times)
+        draws = squash(self.actions.sample(tokens, key_times, identity, draws=max(samples, 2)))
+        aleatoric = torch.exp(2 * log_sigma.clamp(-10.0, 5.0))
+        return UncertainPrediction(mean, aleatoric, draws.var(0, unbiased=False))

@@ -11,7 +11,7 @@ from torch import nn
 from controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
 from controllers.controller import Controller
 from controllers.encoders import EncoderConfig, make_encoder
-from controllers.heads import N_ACTIONS, GMLEHead, NSACHead, UncertaintyHead
+from controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NSACHead, UncertaintyHead
 from controllers.nsac import NACConfig, NSACConfig
 from controllers.objectives import NSACObjective
 
@@ -35,6 +35,8 @@ class ModelConfig:
     evidential_coeff: float = 0.01  # Deep Evidential Regression regulariser coefficient
     sde_depth: int = 6  # SDE-Net Euler steps
     sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
+    levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
+    levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_BUILDERS:
@@ -87,9 +89,14 @@ def _sdenet(config: ModelConfig) -> UncertaintyHead:
     return SDENetHead(config.encoder.token_dim, config.d_model, config.sde_depth, config.sde_sigma_max)
 
 
+def _levy(config: ModelConfig) -> UncertaintyHead:
+    return LevyHead(config.encoder.token_dim, config.levy_frames, window=config.levy_window)
+
+
 MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {
     "nsac": _nsac,
     "gmle": _gmle,
+    "levy": _levy,
     "mcdropout": _mcdropout,
     "ensemble": _ensemble,
     "evidential": _evidential,

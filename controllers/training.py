@@ -74,6 +74,8 @@ class TrainConfig:
         for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.model.model == "levy" and self.model.levy_frames != self.sequence_length:
+            raise ValueError(f"levy_frames ({self.model.levy_frames}) must equal sequence_length ({self.sequence_length})")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
