@@ -21,7 +21,7 @@ from torch import nn
 
 from controllers.actions import ACTION_NAMES, squash
 from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, NSACOutput, UncertainPrediction, decompose
-from controllers.objectives import NSACObjective, gaussian_nll
+from controllers.objectives import NSACObjective, check_targets, gaussian_nll
 
 N_ACTIONS = len(ACTION_NAMES)
 
@@ -152,3 +152,32 @@ class LevyHead(UncertaintyHead):
         draws = squash(self.actions.sample(tokens, key_times, identity, draws=max(samples, 2)))
         aleatoric = torch.exp(2 * log_sigma.clamp(-10.0, 5.0))
         return UncertainPrediction(mean, aleatoric, draws.var(0, unbiased=False))
+
+
+class NACRegressionHead(UncertaintyHead):
+    """Plain NAC regression (the deterministic parent layer): MSE on the squashed mean.
+
+    It has no uncertainty model, so for the probabilistic metrics it reports a homoscedastic
+    aleatoric variance per action — the running mean of its squared training residuals — and
+    zero epistemic variance: the "no uncertainty" reference every head must beat.
+    """
+
+    def __init__(self, config: NACConfig, momentum: float = 0.01) -> None:
+        super().__init__()
+        self.nac = NAC(config)
+        self.mean = nn.Linear(config.d_model, N_ACTIONS)
+        self.momentum = momentum
+        self.register_buffer("residual_variance", torch.ones(N_ACTIONS))
+
+    def training_loss(self, tokens, times, target, perturbed_tokens=None):
+        mean = squash(self.mean(self.nac(tokens, times)))
+        check_targets(mean, target)
+        squared = (target - mean).square()
+        if self.training:
+            with torch.no_grad():
+                self.residual_variance.lerp_(squared.mean(0).clamp_min(1e-6), self.momentum)
+        return {"total": squared.mean()}
+
+    def predict(self, tokens, times, samples):
+        mean = squash(self.mean(self.nac(tokens, times)))
+        return UncertainPrediction(mean, self.residual_variance.expand_as(mean).clone(), torch.zeros_like(mean))

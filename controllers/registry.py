@@ -11,7 +11,7 @@ from torch import nn
 from controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
 from controllers.controller import Controller
 from controllers.encoders import EncoderConfig, make_encoder
-from controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NSACHead, UncertaintyHead
+from controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
 from controllers.nsac import NACConfig, NSACConfig
 from controllers.objectives import NSACObjective
 
@@ -89,6 +89,10 @@ def _sdenet(config: ModelConfig) -> UncertaintyHead:
     return SDENetHead(config.encoder.token_dim, config.d_model, config.sde_depth, config.sde_sigma_max)
 
 
+def _nac(config: ModelConfig) -> UncertaintyHead:
+    return NACRegressionHead(config.nac_config())
+
+
 def _levy(config: ModelConfig) -> UncertaintyHead:
     return LevyHead(config.encoder.token_dim, config.levy_frames, window=config.levy_window)
 
@@ -96,6 +100,7 @@ def _levy(config: ModelConfig) -> UncertaintyHead:
 MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {
     "nsac": _nsac,
     "gmle": _gmle,
+    "nac": _nac,
     "levy": _levy,
     "mcdropout": _mcdropout,
     "ensemble": _ensemble,

@@ -31,9 +31,10 @@ def tiny_model(name: str) -> ModelConfig:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """3 expert episodes of 110 steps (seeds 0, 1, 2): 54 training sequences each after the intro."""
+    """Expert episodes of 110 steps (seeds 0, 1, 2; seed 2 also as shift-3): 54 sequences each after the intro."""
     folder = tmp_path_factory.mktemp("demos")
     collect("expert", [0, 1, 2], folder, ["default"], workers=1, max_steps=110, progress=False)
+    collect("expert", [2], folder, ["shift-3"], workers=1, max_steps=110, progress=False)  # the test track, recoloured
     return folder
 
 
@@ -145,3 +146,41 @@ def test_bad_training_configs_raise(dataset, tmp_path):
         TrainConfig.from_dict({"data": str(dataset), "learning_rate": 1.0})
     with pytest.raises(ValueError, match="holds no samples"):
         Trainer(tiny_config(dataset, "gmle", val_seeds="7"), tmp_path / "r", progress=False)
+
+
+def test_evaluate_offline_writes_one_table_with_clean_perturbed_and_auroc(dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    for model in ("gmle", "nsac"):
+        Trainer(tiny_config(dataset, model), tmp_path / model, progress=False).fit()
+    result = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "gmle"), str(tmp_path / "nsac"), "--data", str(dataset),
+                                      "--colour-preset", "shift-3", "--out", str(tmp_path / "table")])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "table" / "offline.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| gmle") or line.startswith("| nsac")]
+    assert len(rows) == 2 * 2 * 3  # models × conditions × actions
+    results = json.loads((tmp_path / "table" / "offline.json").read_text())["results"]
+    assert {r["model"] for r in results} == {"gmle", "nsac"}
+    for r in results:
+        assert set(r["conditions"]) == {"clean", "shift-3"} and r["seeds"] == [2]
+        assert 0.0 <= r["ood_auroc"]["steer"] <= 1.0
+    csv_lines = (tmp_path / "table" / "offline.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("model,run,condition,action,mse,nll,crps") and len(csv_lines) == 13
+
+
+def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    Trainer(tiny_config(dataset, "gmle"), tmp_path / "gmle", progress=False).fit()
+    result = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "gmle"), "--data", str(dataset), "--train-seeds", "2",
+                                      "--out", str(tmp_path / "table")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "gmle" / "seed-repeats" / "seed4" / "model.safetensors").exists()
+    assert " ± " in (tmp_path / "table" / "offline.md").read_text()
+    missing = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "gmle"), "--data", str(dataset),
+                                       "--colour-preset", "shift-5", "--out", str(tmp_path / "t2")])
+    assert missing.exit_code == 2 and "shift-5" in missing.output
