@@ -29,6 +29,7 @@ from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
 
 from agents.expert import PurePursuitExpert  # noqa: E402
 from agents.rollout import drive  # noqa: E402
+from bench.table import print_table  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
@@ -102,10 +103,7 @@ def main() -> None:
         ("mean during zoom-in (first 50 steps)", f"{fid['mae_zoom_in']:.3f}"),
         ("PSNR", f"{fid['psnr_db']:.1f} dB"),
     ]
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'renderer benchmark':<{width}}  value\n{'-' * width}  {'-' * 12}")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table("renderer benchmark", rows)
     out = ROOT / "bench" / "results" / ("renderer-quick.json" if args.quick else "renderer.json")
     atomic_write_json(out, {"speed": speed, "fidelity": fid, "seeds": seeds, "presets": FIDELITY_PRESETS})
     print(f"\nsaved → {out.relative_to(ROOT)}")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from agents.expert import PurePursuitExpert  # noqa: E402
 from agents.quality import evaluate_agent  # noqa: E402
 from agents.rollout import drive  # noqa: E402
+from bench.table import print_table  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
@@ -162,15 +163,12 @@ def main() -> None:
         ("collection steps/s, 2 workers (fast renderer)", f"{c2['steps_per_s']:.0f}  (peak RSS {c2['peak_rss_mb']:.0f} MB)"),
         ("  2 workers / 1 worker", f"{c2['steps_per_s'] / c1['steps_per_s']:.2f}×"),
         (f"dataset iteration, {ds['episodes']} episodes", f"{ds['samples_per_s']:.0f} samples/s, peak RSS {ds['peak_rss_mb']:.0f} MB"),
-        (f"expert score, seeds {quality and results['expert_quality']['seeds']}",
+        (f"expert score, seeds {seeds[0]}-{seeds[-1]}",
          f"{quality['score_mean']:.1f} ± {quality['score_std']:.1f} (min {quality['score_min']:.1f})"),
         ("expert lap finished", f"{100 * quality['lap_finished_rate']:.0f}%"),
         ("expert mean |lateral error|", f"{quality['mean_abs_lateral_error']:.2f} units"),
     ]
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'benchmark':<{width}}  value\n{'-' * width}  {'-' * 40}")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table("benchmark", rows)
     out = ROOT / "bench" / "results" / ("foundation-quick.json" if quick else "foundation.json")
     atomic_write_json(out, results)
     print(f"\nsaved → {out.relative_to(ROOT)}")

@@ -39,8 +39,28 @@ def check_frames(frames: torch.Tensor) -> None:
         )
 
 
-class FrameEncoder(nn.Module):
-    """3 convolutions (8×8/4, 4×4/2, 3×3/1) → 7×8 map (``self.last_conv`` for Grad-CAM) → token."""
+class PerFrameEncoder(nn.Module):
+    """Shared shape handling: ``features`` and ``to_token`` applied to every frame independently."""
+
+    features: nn.Sequential
+    to_token: nn.Module
+    LAST_CONV_INDEX: int
+
+    @property
+    def last_conv(self) -> nn.Conv2d:
+        """The last convolution: the Grad-CAM layer."""
+        return self.features[self.LAST_CONV_INDEX]
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        check_frames(frames)
+        batch, length = frames.shape[:2]
+        return self.to_token(self.features(frames.flatten(0, 1))).view(batch, length, -1)
+
+
+class FrameEncoder(PerFrameEncoder):
+    """3 convolutions (8×8/4, 4×4/2, 3×3/1) → 7×8 map (``last_conv``, for Grad-CAM) → token."""
+
+    LAST_CONV_INDEX = 6
 
     def __init__(self, config: EncoderConfig = EncoderConfig()) -> None:
         super().__init__()
@@ -55,19 +75,14 @@ class FrameEncoder(nn.Module):
         self.map_shape = tuple(shape[2:])
         self.to_token = nn.Sequential(nn.Flatten(), nn.Linear(shape[1] * shape[2] * shape[3], config.token_dim), nn.ReLU())
 
-    @property
-    def last_conv(self) -> nn.Conv2d:
-        """The last convolution (7×8 output map): the Grad-CAM layer."""
-        return self.features[6]
 
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        check_frames(frames)
-        batch, length = frames.shape[:2]
-        return self.to_token(self.features(frames.flatten(0, 1))).view(batch, length, -1)
+class ReferenceEncoder(PerFrameEncoder):
+    """The published CarRacing CNN (TimeDistributed over frames), adapted to RGB 84×96 input.
 
+    Its last convolution's map is 2×2 (pooled to 1×1): too coarse for Grad-CAM.
+    """
 
-class ReferenceEncoder(nn.Module):
-    """The published CarRacing CNN (TimeDistributed over frames), adapted to RGB 84×96 input."""
+    LAST_CONV_INDEX = 6
 
     def __init__(self, config: EncoderConfig = EncoderConfig(kind="reference")) -> None:
         super().__init__()
@@ -81,16 +96,6 @@ class ReferenceEncoder(nn.Module):
             width = self.features.eval()(torch.zeros(1, *PREPROCESSED_FRAME_SHAPE)).shape[1]
         self.features.train()
         self.to_token = nn.Identity() if width == config.token_dim else nn.Linear(width, config.token_dim)
-
-    @property
-    def last_conv(self) -> nn.Conv2d:
-        """The last convolution (its map is 2×2, pooled to 1×1: too coarse for Grad-CAM)."""
-        return self.features[6]
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        check_frames(frames)
-        batch, length = frames.shape[:2]
-        return self.to_token(self.features(frames.flatten(0, 1))).view(batch, length, -1)
 
 
 def make_encoder(config: EncoderConfig) -> nn.Module:
