@@ -45,11 +45,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 _PHI_SWITCH = 40.0  # φ: Poisson-sum branch below, asymptotic series above (levy.md §2)
 _PHI_TERMS = 160  # Poisson terms z = 1..160: the tail of Poisson(40) beyond 160 is < 1e-40
 _PHI_ORDER = 12  # asymptotic series Σ_{k≤12} k!/Λ^{k+1}; truncation error < 1e-11 relative at Λ = 40
 _TINY = 1e-300
+_NORM_EPS = 1e-12  # F.normalize's default floor on the norm
 
 
 def levy_phi(lam: Tensor) -> Tensor:
@@ -89,6 +91,30 @@ def _safe_sqrt(x: Tensor) -> Tensor:
     """sqrt with gradient 0 (not ∞) at 0, for σ̂ where trΣ_V = 0 (identical values)."""
     positive = x > 0
     return torch.where(positive, torch.where(positive, x, torch.ones_like(x)).sqrt(), torch.zeros_like(x))
+
+
+class _UnitVectors(torch.autograd.Function):
+    """x / max(‖x‖, 1e-12) along the last axis: the values of ``F.normalize(x, dim=-1)``.
+
+    The backward is the closed form ∂x = (g − x̂ (x̂·g)) / ‖x‖ (just g / 1e-12 where the norm is
+    clamped), a few passes over x instead of the separate backwards of the norm and the division
+    that autograd runs for ``F.normalize``; the key directions are [B, H, n, d], so this is
+    measurable in training.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=_NORM_EPS)
+        unit = x / norm
+        ctx.save_for_backward(unit, norm)
+        return unit
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        unit, norm = ctx.saved_tensors
+        radial = torch.where(norm > _NORM_EPS, (grad * unit).sum(-1, keepdim=True), 0.0)
+        return (grad - unit * radial) / norm
 
 
 def _axis_mass(x: Tensor, cells: int, eps: float) -> tuple[Tensor, Tensor]:
@@ -139,34 +165,73 @@ def _kron_rows(a: Tensor, b: Tensor) -> Tensor:
     return (a * b[..., None, :]).flatten(-2)
 
 
-class _CellAverage(torch.autograd.Function):
-    """(A ⊗ B) @ X per key: out_i = Σ_l M_il X_l with M = _kron_rows(A, B), X [B, H, L, c].
+_CELL_CHUNK = 1 << 18  # entries of M formed at a time by _CellAverage (1 MiB in float32)
 
-    Same values as ``_kron_rows(a, b) @ x``; the backward is written by hand because autograd's
-    backward of the broadcast product takes a slow strided path that dominated training time.
-    Its reductions over j and k are small batched matmuls on ∂M = ∂out Xᵀ.
+
+class _CellAverage(torch.autograd.Function):
+    """(A ⊗ B) @ X per key: out_i = Σ_l M_il X_l with M = _kron_rows(A, B); A [B, n, Lt], B [B, H, n, Lv], X [B, H, L, c].
+
+    Same values as ``_kron_rows(a, b) @ x`` (up to float summation order), computed faster in two ways:
+
+    * Both products with M are memory-bound (M is n × L per head, against n × c outputs and
+      L × c inputs), so M is formed for a few samples at a time (about ``_CELL_CHUNK`` entries)
+      and used while it is still in cache, instead of being written out whole and read back; the
+      backward forms it again the same way rather than keeping it.
+    * Internally the cells run k-major (l' = k·L_t + j): the broadcast product b_ik a_ij then has
+      the longer axis L_t innermost, which vectorises better, and only the small X and ∂X are
+      reordered.
+
+    The backward is written by hand (autograd's backward of the broadcast product takes a slow
+    strided path): ∂X = Mᵀ ∂out, and ∂A, ∂B are reductions of ∂M = ∂out Xᵀ over k and j.
     """
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, x: Tensor) -> Tensor:
-        mass = _kron_rows(a, b)
-        ctx.save_for_backward(a, b, x, mass)
-        return mass @ x
+        x = _CellAverage.k_major(x, a.shape[-1], b.shape[-1])
+        ctx.save_for_backward(a, b, x)
+        out = x.new_empty(*b.shape[:-1], x.shape[-1])
+        for rows in _CellAverage.chunks(b, x):
+            torch.matmul(_CellAverage.mass(a[rows], b[rows]), x[rows], out=out[rows])
+        return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        a, b, x, mass = ctx.saved_tensors
+        a, b, x = ctx.saved_tensors
+        need_a, need_b, need_x = ctx.needs_input_grad
         grad = grad.contiguous()
-        grad_a = grad_b = grad_x = None
-        if ctx.needs_input_grad[2]:
-            grad_x = mass.transpose(-1, -2) @ grad
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_mass = (grad @ x.transpose(-1, -2)).unflatten(-1, (a.shape[-1], b.shape[-1]))  # [B, H, n, Lt, Lv]
-            if ctx.needs_input_grad[0]:
-                grad_a = (grad_mass @ b[..., None]).squeeze(-1).sum(1)
-            if ctx.needs_input_grad[1]:
-                grad_b = (a[:, None, :, None, :] @ grad_mass).squeeze(-2)
+        grad_a = torch.empty_like(a) if need_a else None
+        grad_b = b.new_empty(b.shape) if need_b else None
+        grad_x = torch.empty_like(x) if need_x else None
+        for rows in _CellAverage.chunks(b, x):
+            if grad_x is not None:
+                torch.matmul(_CellAverage.mass(a[rows], b[rows]).transpose(-1, -2), grad[rows], out=grad_x[rows])
+            if grad_a is not None or grad_b is not None:
+                # ∂M [rows, H, n, Lv, Lt]
+                grad_mass = (grad[rows] @ x[rows].transpose(-1, -2)).unflatten(-1, (b.shape[-1], a.shape[-1]))
+                if grad_a is not None:
+                    torch.sum((grad_mass * b[rows, ..., None]).sum(-2), dim=1, out=grad_a[rows])
+                if grad_b is not None:
+                    torch.matmul(grad_mass, a[rows, None, :, :, None], out=grad_b[rows, ..., None])
+        if grad_x is not None:
+            grad_x = _CellAverage.k_major(grad_x, b.shape[-1], a.shape[-1])  # back to l = j·L_v + k
         return grad_a, grad_b, grad_x
+
+    @staticmethod
+    def mass(a: Tensor, b: Tensor) -> Tensor:
+        """M with k-major cells, M_i,(k·L_t + j) = b_ik a_ij: a [rows, n, Lt], b [rows, H, n, Lv] → [rows, H, n, L]."""
+        return (b[..., :, None] * a[:, None, :, None, :]).flatten(-2)
+
+    @staticmethod
+    def k_major(x: Tensor, outer: int, inner: int) -> Tensor:
+        """Reorder the cell rows of x [..., L, c] from (outer, inner) to (inner, outer) order."""
+        return x.unflatten(-2, (outer, inner)).transpose(-2, -3).flatten(-3, -2)
+
+    @staticmethod
+    def chunks(b: Tensor, x: Tensor) -> list[slice]:
+        """Slices of the batch with about _CELL_CHUNK entries of M (H·n·L per sample) each."""
+        step = max(1, _CELL_CHUNK // max(1, b.shape[1] * b.shape[2] * x.shape[-2]))
+        return [slice(i, i + step) for i in range(0, b.shape[0], step)]
 
 
 def fourier_time_features(t: Tensor, dim: int, max_frequency: float = 32.0) -> Tensor:
@@ -421,7 +486,7 @@ class LevyCrossAttention(nn.Module):
 
     def _query_directions(self, queries: Tensor) -> Tensor:
         """β-scaled unit query vectors per head [B, H, m, d], so that κ = exp(q̂·k̂)."""
-        return self.config.beta * F.normalize(self._split_heads(self.q_proj(queries)), dim=-1)
+        return self.config.beta * _UnitVectors.apply(self._split_heads(self.q_proj(queries)))
 
     def _prepare_keys(self, tokens: Tensor, times: Tensor, identity: Tensor, mask: Tensor | None) -> _Keys:
         """Everything that does not depend on the queries: key directions, M, value field, ṽ, w."""
@@ -431,13 +496,17 @@ class LevyCrossAttention(nn.Module):
             times = times.masked_fill(~mask, 0.0)
         b, n, _ = tokens.shape
         h, d = config.num_heads, config.head_dim
-        directions = F.normalize(self._split_heads(self.k_proj(tokens)), dim=-1)
+        directions = _UnitVectors.apply(self._split_heads(self.k_proj(tokens)))
         values = self._split_heads(self.v_proj(tokens))  # [B, H, n, d]
-        u = torch.sigmoid(self.chan(identity)).expand(b, n, h).transpose(1, 2)  # [B, H, n]
+        # u [B, H, n], or [1, H, n] when the identities are shared by the batch ([n, D]): then so
+        # are the masses along u, computed once and broadcast
+        u = torch.sigmoid(self.chan(identity)).transpose(-1, -2)
+        u = u if u.dim() == 3 else u[None]
         attn_mask = None if mask is None else mask[:, None, None, :]
 
         mass_t, log_z_t = _axis_mass(times, config.grid[0], config.eps[0])  # [B, n, Lt]: shared by the heads
-        mass_u, log_z_u = _axis_mass(u, config.grid[1], config.eps[1])  # [B, H, n, Lv]
+        mass_u, log_z_u = _axis_mass(u, config.grid[1], config.eps[1])  # [B or 1, H, n, Lv]
+        mass_u = mass_u.expand(b, -1, -1, -1)
         if mask is not None:
             mass_t = mass_t * mask[..., None]  # zero rows of M for padded keys
 

@@ -19,6 +19,7 @@ import pytest
 import scipy.special as sps
 import torch
 
+import controllers.levy as levy_module
 from controllers.levy import (
     LevyActionHead,
     LevyActionHeadConfig,
@@ -479,6 +480,64 @@ def test_gradcheck_through_positions_and_values():
 
     inputs = tuple(a.detach().requires_grad_() for a in (q, x, t, e))
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_gradcheck_with_identities_shared_by_the_batch():
+    """[n, D] identities: u and its cell masses are computed once and broadcast over the batch."""
+    layer = make_layer(heads=2, head_dim=4, identity_dim=3, grid=(4, 4), eps=(0.25, 0.25))
+    q, x, t, e = make_inputs(layer, batch=2, keys=6, queries=2)
+    t = 0.1 + 0.8 * t
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 2] = False
+
+    def fn(queries, tokens, times, identity):
+        out = layer(queries, tokens, times, identity, mask)
+        return torch.cat([out.output.flatten(), out.evidence.flatten(), out.disagreement.flatten()])
+
+    inputs = tuple(a.detach().requires_grad_() for a in (q, x, t, e))
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
+    # same values and parameter gradients as the same identities given per sample
+    shared, per_sample = layer(q, x, t, e, mask), layer(q, x, t, e.expand(2, -1, -1), mask)
+    params = [p for name, p in layer.named_parameters() if not name.startswith("neutral")]  # no empty sample here
+    grads = [torch.autograd.grad(o.output.sum() + o.evidence.sum(), params) for o in (shared, per_sample)]
+    assert torch.allclose(shared.output, per_sample.output, rtol=1e-13, atol=1e-15)
+    for g_shared, g_per_sample in zip(*grads):
+        assert torch.allclose(g_shared, g_per_sample, rtol=1e-12, atol=1e-14)
+
+
+def test_unit_vectors_match_normalize_and_its_gradient():
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(levy_module._UnitVectors.apply, (x,))
+    x = x.detach()
+    x[0, 1] = 1e-14  # the norm is floored here, as in F.normalize (finite differences would cross the floor)
+    x.requires_grad_()
+    grad = torch.randn_like(x)
+    (ours,) = torch.autograd.grad(levy_module._UnitVectors.apply(x), x, grad)
+    (ref,) = torch.autograd.grad(torch.nn.functional.normalize(x, dim=-1), x, grad)
+    assert torch.equal(levy_module._UnitVectors.apply(x), torch.nn.functional.normalize(x, dim=-1))
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 1 << 18])
+def test_cell_average_matches_the_plain_product(monkeypatch, chunk):
+    """_CellAverage (chunked, k-major inside) against _kron_rows(a, b) @ x: values and gradients."""
+    monkeypatch.setattr(levy_module, "_CELL_CHUNK", chunk)  # 1: one sample per chunk
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 5, 4, generator=g, dtype=torch.float64)
+    b = torch.rand(3, 2, 5, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(3, 2, 12, 6, generator=g, dtype=torch.float64)
+    inputs = tuple(t.requires_grad_() for t in (a, b, x))
+    assert torch.autograd.gradcheck(levy_module._CellAverage.apply, inputs)
+    out, ref = levy_module._CellAverage.apply(*inputs), levy_module._kron_rows(a, b) @ x
+    assert torch.allclose(out, ref, rtol=1e-14, atol=1e-15)
+    weights = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    for ours, plain in zip(torch.autograd.grad(out, inputs, weights), torch.autograd.grad(ref, inputs, weights)):
+        assert torch.allclose(ours, plain, rtol=1e-13, atol=1e-14)
+    # b shared by the batch (broadcast view, as for identities given once): gradient summed over it
+    shared = b[:1].detach().requires_grad_()
+    (grad_shared,) = torch.autograd.grad(levy_module._CellAverage.apply(a, shared.expand(3, -1, -1, -1), x), shared, weights)
+    (grad_plain,) = torch.autograd.grad(levy_module._kron_rows(a, shared.expand(3, -1, -1, -1)) @ x, shared, weights)
+    assert torch.allclose(grad_shared, grad_plain, rtol=1e-13, atol=1e-14)
 
 
 def test_query_chunks_do_not_change_the_result():
