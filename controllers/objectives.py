@@ -88,14 +88,20 @@ def gaussian_perturbation(x: torch.Tensor, mean: float, std: float, generator: t
 
 @contextmanager
 def frozen_batchnorm_statistics(module: nn.Module) -> Iterator[None]:
-    """Run forward passes in training mode without letting BatchNorm running statistics move."""
+    """Run forward passes in training mode without letting BatchNorm running statistics move.
+
+    Momentum is set to 0 for the duration (running ← 1·running + 0·batch keeps the values
+    exactly), rather than restoring saved values afterwards: an in-place restore would bump the
+    version of tensors an earlier, not yet back-propagated clean pass still refers to.
+    """
     norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in norms]
+    saved = [(m.momentum, m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
     try:
         yield
     finally:
         with torch.no_grad():
-            for m, (mean, var, count) in zip(norms, saved, strict=True):
-                m.running_mean.copy_(mean)
-                m.running_var.copy_(var)
+            for m, (momentum, count) in zip(norms, saved, strict=True):
+                m.momentum = momentum
                 m.num_batches_tracked.copy_(count)

@@ -184,3 +184,26 @@ def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
     missing = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "gmle"), "--data", str(dataset),
                                        "--colour-preset", "shift-5", "--out", str(tmp_path / "t2")])
     assert missing.exit_code == 2 and "shift-5" in missing.output
+
+
+def test_reference_encoder_builds_trains_and_keeps_batchnorm_statistics_for_perturbed_passes():
+    from controllers.registry import build_controller
+
+    torch.manual_seed(0)
+    controller = build_controller(ModelConfig(model="nsac", encoder=EncoderConfig(kind="reference"), d_model=16, num_heads=4))
+    frames, timestamps = torch.rand(4, 4, 3, 84, 96), torch.tensor([[-0.12, -0.08, -0.04, 0.0]]).expand(4, 4)
+    norm = controller.encoder.features[9]
+    controller.train()
+    controller.encoder(frames)  # one clean pass moves the running statistics
+    before = norm.running_mean.clone()
+    terms = controller.training_loss(frames, timestamps, torch.rand(4, 3), perturb=lambda x: x + 5.0)
+    terms["total"].backward()
+    clean_only = norm.running_mean.clone()
+    controller.encoder(frames)
+    assert not torch.equal(before, clean_only)  # the clean pass inside the loss did update them …
+    torch.manual_seed(0)
+    reference = build_controller(ModelConfig(model="nsac", encoder=EncoderConfig(kind="reference"), d_model=16, num_heads=4)).train()
+    reference.encoder(frames)
+    reference.encoder(frames)
+    torch.testing.assert_close(clean_only, reference.encoder.features[9].running_mean)  # … the +5 pass did not
+    assert controller.predict(frames, timestamps, samples=3).mean.shape == (4, 3)
