@@ -200,6 +200,36 @@ def evaluate_offline(
     typer.echo(f"tables → {out}/offline.md, offline.csv, offline.json")
 
 
+@app.command("eval")
+def closed_loop_eval(
+    runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
+    seeds: str = typer.Option("42,1000-1009", "--seeds", help="Held-out track seeds (the same for every model: paired episodes)."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated colour presets."),
+    repeats: int = typer.Option(1, "--runs", min=1, help="Repeats of every (seed, preset) with a different controller RNG seed."),
+    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    workers: int = typer.Option(2, "--workers", min=1),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
+    throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
+    out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
+    resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
+) -> None:
+    """Drive held-out tracks with trained controllers, clean and under colour presets."""
+    from eval.closed_loop import evaluate_closed_loop
+
+    try:
+        rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
+                                    workers=workers, samples=samples, cap=throttle_cap, resume=resume)
+    except FileExistsError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{'model':<12}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}{'score':>8}{'|lat|':>7}{'DS':>6}")
+    for r in rows:
+        typer.echo(f"{r['model']:<12}{r['colour_preset']:<10}{r['episodes']:>9}{r['failed']:>7}"
+                   f"{100 * r['success_mean']:>9.0f}% ± {100 * r['success_std']:<3.0f}{100 * r['score_ge_900']:>6.0f}%"
+                   f"{100 * r['score_ge_860']:>6.0f}%{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
+    typer.echo(f"per-step logs and summary → {out}")
+
+
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""

@@ -1,0 +1,232 @@
+"""Closed-loop evaluation: trained controllers drive held-out tracks under colour presets.
+
+Every episode is identified by (run, colour preset, track seed, repeat) and is the same
+across models (paired design): same track, same colours, and a controller RNG seeded from
+(track seed, repeat). Each runs on a plain env until terminated or truncated (reason logged),
+writes a per-step log (``episodes/<id>.npz``: pose, speed, signed lateral and heading error,
+progress, raw predicted mean, executed action, aleatoric and epistemic variance per action)
+and a JSON record, atomically; ``--resume`` skips finished episodes. An exception or a NaN
+action inside one episode is recorded as a failed episode with its reason and the evaluation
+goes on.
+
+Action post-processing (documented once): the executed action is the predictive mean clipped
+to the action box; with ``throttle_cap=c`` the gas is additionally scaled by
+min(1, c / σ_steer), σ_steer the predictive steering std, so the car slows down when it is
+unsure where to steer.
+
+Aggregates per (model, preset): success rate (lap finished) as mean ± std over repeats, the
+rates of score ≥ 900 and ≥ 860 (the published criterion), mean score, mean |lateral error|, and
+a CARLA-style driving score = route completion (fraction of tiles visited) × 0.8^(off-road
+events) × (0.5 if the car left the playfield).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import multiprocessing
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from agents.rollout import drive, termination_reason
+from envs.car_racing import make_car_racing
+from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+
+OFF_ROAD_PENALTY = 0.8
+PLAYFIELD_PENALTY = 0.5
+
+
+@dataclass(frozen=True)
+class EpisodeKey:
+    run: str
+    colour_preset: str
+    track_seed: int
+    repeat: int
+
+    @property
+    def episode_id(self) -> str:
+        return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}"
+
+
+@dataclass
+class EpisodeRecord:
+    """One closed-loop episode (a failed one has ``failed=True`` and a ``reason``)."""
+
+    run: str
+    model: str
+    colour_preset: str
+    track_seed: int
+    repeat: int
+    failed: bool
+    reason: str
+    steps: int = 0
+    score: float = 0.0
+    lap_finished: bool = False
+    route_completion: float = 0.0
+    mean_abs_lateral_error: float = math.nan
+    max_abs_lateral_error: float = math.nan
+    off_road_fraction: float = math.nan
+    off_road_events: int = 0
+    mean_speed: float = math.nan
+    mean_steer_std: float = math.nan
+    clip_rate: float = math.nan
+
+    @property
+    def driving_score(self) -> float:
+        if self.failed:
+            return 0.0
+        penalty = OFF_ROAD_PENALTY**self.off_road_events * (PLAYFIELD_PENALTY if self.reason == "left_playfield" else 1.0)
+        return self.route_completion * penalty
+
+
+def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.ndarray:
+    """Scale gas by min(1, cap / σ_steer) (no-op when cap is None)."""
+    if cap is None or steer_std <= cap:
+        return action
+    capped = action.copy()
+    capped[1] *= cap / steer_std
+    return capped
+
+
+def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+    """Drive one episode; never raises — failures become a failed record."""
+    from eval.driver import ControllerAgent
+
+    model = "?"
+    try:
+        agent = ControllerAgent(key.run, samples=samples or 20)
+        if samples is None:
+            agent.samples = agent.train_config.model.predict_samples
+        model = agent.train_config.model.model
+        torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
+        env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer="fast")
+        log: dict[str, list] = {name: [] for name in ("pose", "speed", "lateral_error", "heading_error", "progress",
+                                                    "raw_action", "executed_action", "aleatoric", "epistemic")}
+
+        class CappedAgent:
+            """The controller's clipped mean, then the optional uncertainty-aware throttle cap."""
+
+            needs_pixels = True
+
+            def reset(self) -> None:
+                agent.reset()
+
+            def act(self, observation, state):
+                action = agent.act(observation, state)
+                prediction = agent.last_prediction
+                if not np.all(np.isfinite(prediction.mean.numpy())):
+                    raise FloatingPointError(f"non-finite action {prediction.mean.numpy().tolist()}")
+                steer_std = float(torch.sqrt(prediction.total[0, 0]))
+                executed = throttle_cap(action, steer_std, cap)
+                log["raw_action"].append(prediction.mean[0].numpy())
+                log["aleatoric"].append(prediction.aleatoric[0].numpy())
+                log["epistemic"].append(prediction.epistemic[0].numpy())
+                log["executed_action"].append(executed)
+                return executed
+
+        last, score = None, 0.0
+        for step in drive(env, CappedAgent(), key.track_seed):
+            state = step.state
+            log["pose"].append((state.pose.x, state.pose.y, state.pose.angle))
+            log["speed"].append(state.pose.forward_speed)
+            log["lateral_error"].append(state.lateral_error)
+            log["heading_error"].append(state.heading_error)
+            log["progress"].append(state.progress)
+            last = step
+            score += step.reward
+        base = env.unwrapped
+        completion = base.tile_visited_count / len(base.track)
+        env.close()
+    except Exception as exc:  # an env or controller fault fails this episode only
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        record = EpisodeRecord(key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=True, reason=reason)
+        return record, {"traceback": np.array(traceback.format_exc())}
+    arrays = {name: np.asarray(values, dtype=np.float32) for name, values in log.items()}
+    lateral = np.abs(arrays["lateral_error"])
+    off_road = lateral > base.geometry.half_width
+    raw = arrays["raw_action"]
+    record = EpisodeRecord(
+        key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=False,
+        reason=termination_reason(last.terminated, last.truncated, last.info), steps=len(lateral), score=float(score),
+        lap_finished=bool(last.info.get("lap_finished", False)), route_completion=float(completion),
+        mean_abs_lateral_error=float(lateral.mean()), max_abs_lateral_error=float(lateral.max()),
+        off_road_fraction=float(off_road.mean()), off_road_events=int(np.count_nonzero(off_road[1:] & ~off_road[:-1]) + off_road[0]),
+        mean_speed=float(arrays["speed"].mean()),
+        mean_steer_std=float(np.sqrt(arrays["aleatoric"][:, 0] + arrays["epistemic"][:, 0]).mean()),
+        clip_rate=float(np.mean(np.any(np.abs(raw - np.clip(raw, [-1, 0, 0], [1, 1, 1])) > 0, axis=1))) if len(raw) else 0.0,
+    )
+    return record, arrays
+
+
+def _episode_worker(key: EpisodeKey, out_dir: str, max_steps: int, samples: int | None, cap: float | None) -> dict[str, Any]:
+    record, arrays = run_episode(key, max_steps, samples, cap)
+    folder = Path(out_dir) / "episodes"
+    with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+    data = {**asdict(record), "driving_score": record.driving_score, "episode_id": key.episode_id}
+    atomic_write_json(folder / f"{key.episode_id}.json", data)
+    return data
+
+
+def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, run, preset): success mean ± std over repeats and the other aggregates."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["model"], Path(r["run"]).name, r["colour_preset"]), []).append(r)
+    rows = []
+    for (model, run, preset), items in sorted(groups.items()):
+        repeats = sorted({r["repeat"] for r in items})
+        per_repeat = [np.mean([r["lap_finished"] for r in items if r["repeat"] == k]) for k in repeats]
+        scores = np.array([r["score"] for r in items])
+        ok = [r for r in items if not r["failed"]]
+        rows.append({
+            "model": model, "run": run, "colour_preset": preset, "episodes": len(items), "failed": len(items) - len(ok),
+            "success_mean": float(np.mean(per_repeat)), "success_std": float(np.std(per_repeat)),
+            "score_ge_900": float(np.mean(scores >= 900)), "score_ge_860": float(np.mean(scores >= 860)),
+            "score_mean": float(scores.mean()),
+            "mean_abs_lateral_error": float(np.mean([r["mean_abs_lateral_error"] for r in ok])) if ok else math.nan,
+            "driving_score": float(np.mean([r["driving_score"] for r in items])),
+        })
+    return rows
+
+
+def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str], repeats: int, out_dir: Path,
+                         max_steps: int = 1000, workers: int = 1, samples: int | None = None,
+                         cap: float | None = None, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+    """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates."""
+    keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds for repeat in range(repeats)]
+    folder = out_dir / "episodes"
+    done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
+    if done and not resume:
+        raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
+    todo = [k for k in keys if k not in done]
+    args = [(k, str(out_dir), max_steps, samples, cap) for k in todo]
+    with tqdm(total=len(keys), initial=len(done), unit="episode", desc="closed loop", disable=not progress) as bar:
+        if workers <= 1:
+            for a in args:
+                _episode_worker(*a)
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for _ in pool.map(_episode_worker, *zip(*args)):
+                    bar.update(1)
+    records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]))
+    writer.writeheader()
+    writer.writerows(records)
+    atomic_write_bytes(out_dir / "summary.csv", buffer.getvalue().encode())
+    rows = aggregate(records)
+    atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
+                                                     "seeds": seeds, "colour_presets": presets, "repeats": repeats})
+    return rows

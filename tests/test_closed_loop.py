@@ -1,0 +1,97 @@
+"""Closed-loop evaluation: episodes, per-step logs, aggregation maths, faults, resume, pairing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from controllers.encoders import EncoderConfig
+from controllers.registry import ModelConfig
+from controllers.training import TrainConfig, Trainer
+from data_collection.recorder import collect
+from eval.closed_loop import EpisodeRecord, aggregate, evaluate_closed_loop, throttle_cap
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("closed_loop")
+    collect("expert", [0, 1, 2], folder / "data", ["default"], workers=1, max_steps=80, progress=False)
+    model = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
+    config = TrainConfig(data=str(folder / "data"), model=model, train_seeds="0", val_seeds="1", test_seeds="2",
+                         batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1)
+    Trainer(config, folder / "run", progress=False).fit()
+    return folder / "run"
+
+
+def test_episodes_logs_and_summary(trained_run, tmp_path):
+    rows = evaluate_closed_loop([trained_run], [3, 4], ["default", "shift-3"], 1, tmp_path, max_steps=40, progress=False)
+    assert {(r["colour_preset"], r["episodes"], r["failed"]) for r in rows} == {("default", 2, 0), ("shift-3", 2, 0)}
+    record = json.loads((tmp_path / "episodes" / "run_default_seed000003_r0.json").read_text())
+    assert record["steps"] == 40 and record["reason"] == "time_limit" and not record["lap_finished"]
+    log = np.load(tmp_path / "episodes" / "run_default_seed000003_r0.npz")
+    for name in ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action", "aleatoric", "epistemic"):
+        assert len(log[name]) == 40, name
+    executed = log["executed_action"]
+    assert np.all(executed[:, 0] >= -1) and np.all(executed[:, 0] <= 1) and np.all((executed[:, 1:] >= 0) & (executed[:, 1:] <= 1))
+    assert record["mean_abs_lateral_error"] == pytest.approx(float(np.abs(log["lateral_error"]).mean()), rel=1e-5)
+    assert (tmp_path / "summary.csv").read_text().count("\n") == 5
+
+
+def test_same_seeds_give_identical_episodes_and_resume_skips_finished_ones(trained_run, tmp_path):
+    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False)
+    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "b", max_steps=30, progress=False)
+    a = np.load(tmp_path / "a" / "episodes" / "run_default_seed000003_r1.npz")
+    b = np.load(tmp_path / "b" / "episodes" / "run_default_seed000003_r1.npz")
+    assert np.array_equal(a["executed_action"], b["executed_action"])
+    with pytest.raises(FileExistsError, match="--resume"):
+        evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False)
+    finished = tmp_path / "a" / "episodes" / "run_default_seed000003_r0.json"
+    stamp = finished.stat().st_mtime_ns
+    (tmp_path / "a" / "episodes" / "run_default_seed000003_r1.json").unlink()  # a killed run lost this one
+    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False, resume=True)
+    assert finished.stat().st_mtime_ns == stamp
+    assert (tmp_path / "a" / "episodes" / "run_default_seed000003_r1.json").exists()
+
+
+def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tmp_path, monkeypatch):
+    from eval import driver
+
+    original = driver.ControllerAgent.predict
+
+    def broken(self, observation):
+        prediction = original(self, observation)
+        if self.frames and len(self.frames) >= 5:
+            prediction.mean[:] = float("nan")
+        return prediction
+
+    monkeypatch.setattr(driver.ControllerAgent, "predict", broken)
+    rows = evaluate_closed_loop([trained_run], [3, 4], ["default"], 1, tmp_path, max_steps=20, progress=False)
+    assert rows[0]["episodes"] == 2 and rows[0]["failed"] == 2
+    record = json.loads((tmp_path / "episodes" / "run_default_seed000004_r0.json").read_text())
+    assert record["failed"] and "non-finite action" in record["reason"]
+
+
+def test_aggregation_maths_on_known_records():
+    def record(repeat, lap, score, lateral=1.0, failed=False, completion=1.0, events=0, reason="lap_finished"):
+        r = EpisodeRecord("runs/x", "nsac", "default", 0, repeat, failed, reason, steps=10, score=score, lap_finished=lap,
+                          route_completion=completion, mean_abs_lateral_error=lateral, off_road_events=events)
+        return {**r.__dict__, "driving_score": r.driving_score}
+
+    records = [record(0, True, 910), record(0, True, 870, lateral=3.0), record(1, False, 500, completion=0.5, events=2, reason="time_limit"),
+               record(1, True, 905)]
+    (row,) = aggregate(records)
+    assert row["success_mean"] == pytest.approx(0.75) and row["success_std"] == pytest.approx(0.25)
+    assert row["score_ge_900"] == pytest.approx(0.5) and row["score_ge_860"] == pytest.approx(0.75)
+    assert row["mean_abs_lateral_error"] == pytest.approx(1.5)
+    assert row["driving_score"] == pytest.approx((1 + 1 + 0.5 * 0.8**2 + 1) / 4)
+    left = EpisodeRecord("r", "m", "default", 0, 0, False, "left_playfield", route_completion=0.4, off_road_events=1)
+    assert left.driving_score == pytest.approx(0.4 * 0.8 * 0.5)
+
+
+def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
+    action = np.array([0.1, 0.8, 0.0], dtype=np.float32)
+    assert np.array_equal(throttle_cap(action, 0.05, 0.1), action)
+    np.testing.assert_allclose(throttle_cap(action, 0.4, 0.1), [0.1, 0.2, 0.0])
+    assert np.array_equal(throttle_cap(action, 5.0, None), action)
