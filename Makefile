@@ -19,13 +19,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The main job end to end on built-in defaults: collect → train NSAC → offline table.
+# The main job end to end on built-in defaults: collect → train NSAC → offline table → closed loop.
 # Every step resumes, so an interrupted demo continues where it stopped.
 demo: install
 	$(NSAC) collect --agent expert --seeds 0-11 --colour-preset default,shift-3 --out data/demo --workers 2 --resume
 	$(NSAC) data info data/demo
 	$(NSAC) train --data data/demo --out runs/demo-nsac --config configs/demo.json --resume
 	$(NSAC) evaluate-offline runs/demo-nsac --data data/demo --colour-preset shift-3 --out runs/demo-offline
+	$(NSAC) eval runs/demo-nsac --seeds 42,1000-1001 --colour-preset default,shift-3 --out runs/demo-closed-loop --resume
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -49,4 +50,4 @@ bench: install bench-deps
 	$(PY) bench/training_speed.py
 
 clean:
-	rm -rf data/demo runs/demo-nsac runs/demo-offline bench/results .pytest_cache
+	rm -rf data/demo runs/demo-nsac runs/demo-offline runs/demo-closed-loop bench/results .pytest_cache

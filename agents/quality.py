@@ -11,6 +11,7 @@ import numpy as np
 from agents.registry import make_agent
 from agents.rollout import drive, termination_reason
 from envs.car_racing import make_car_racing
+from nsacdrive.workers import single_threaded_worker
 
 
 @dataclass(frozen=True)
@@ -79,5 +80,5 @@ def evaluate_agent(agent_spec: str, seeds: list[int], colour_preset: str = "defa
     if workers <= 1:
         return QualityReport([episode_quality(*a) for a in args])
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded_worker) as pool:
         return QualityReport(list(pool.map(episode_quality, *zip(*args))))

@@ -30,6 +30,7 @@ from envs.colours import validate_preset
 from envs.observation import PREPROCESS_VERSION
 from envs.state import STATE_FIELDS
 from nsacdrive.atomic import remove_partial_files
+from nsacdrive.workers import single_threaded_worker
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
@@ -193,7 +194,7 @@ def collect(
                 bar.update(1)
         else:
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded_worker) as pool:
                 pending: set[Future] = {pool.submit(record_episode, job, str(out)) for job in todo}
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from agents.rollout import drive, termination_reason
 from envs.car_racing import make_car_racing
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from nsacdrive.workers import single_threaded_worker
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
@@ -217,7 +218,8 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
                 _episode_worker(*a)
                 bar.update(1)
         else:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=single_threaded_worker) as pool:
                 for _ in pool.map(_episode_worker, *zip(*args)):
                     bar.update(1)
     records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
