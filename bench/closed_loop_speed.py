@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.rollout import drive  # noqa: E402
-from bench.table import print_table  # noqa: E402
+from bench.common import print_table  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from eval.closed_loop import evaluate_closed_loop  # noqa: E402
 from eval.driver import ControllerAgent  # noqa: E402
@@ -34,7 +34,6 @@ def main() -> None:
         sys.exit(f"{RUN} is missing: run `make demo` first (it trains the controller this bench drives)")
     torch.set_num_threads(1)
     agent = ControllerAgent(RUN)
-    agent.samples = agent.train_config.model.predict_samples
     env = make_car_racing(renderer="fast", max_episode_steps=STEPS)
     start = time.perf_counter()
     actions = [step.executed for step in drive(env, agent, seed=42)]

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,19 +27,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import median_time  # noqa: E402
 from controllers.nsac import NSAC, NSACConfig  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 class FrameEncoder(nn.Module):

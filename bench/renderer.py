@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
 
 from agents.expert import PurePursuitExpert  # noqa: E402
 from agents.rollout import drive  # noqa: E402
-from bench.table import print_table  # noqa: E402
+from bench.common import print_table, replay_rate  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
@@ -37,15 +36,11 @@ FIDELITY_PRESETS = ("default", "shift-3", "random", "color-v0", "shift-5")
 
 
 def replay_speed(actions: list[np.ndarray], seed: int) -> dict[str, float]:
-    out = {}
-    for name, kwargs in (("stock", {"renderer": "stock"}), ("fast", {"renderer": "fast"}),
-                         ("render_free", {"render_observations": False})):
-        env = make_car_racing(max_episode_steps=len(actions) + 1, **kwargs)
-        env.reset(seed=seed)
-        start = time.perf_counter()
-        for action in actions:
-            env.step(action)
-        out[name] = len(actions) / (time.perf_counter() - start)
+    out = {
+        "stock": replay_rate(actions, seed, renderer="stock"),
+        "fast": replay_rate(actions, seed, renderer="fast"),
+        "render_free": replay_rate(actions, seed, render_observations=False),
+    }
     out["fast_over_stock"] = out["fast"] / out["stock"]
     return out
 

@@ -18,11 +18,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
@@ -32,36 +29,9 @@ sys.path.insert(0, str(ROOT))
 from agents.expert import PurePursuitExpert  # noqa: E402
 from agents.quality import evaluate_agent  # noqa: E402
 from agents.rollout import drive  # noqa: E402
-from bench.table import print_table  # noqa: E402
+from bench.common import PeakRss, print_table, replay_rate  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
-
-
-class PeakRss:
-    """Samples the summed RSS of a process and all its children every 50 ms."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                procs = [self.process, *self.process.children(recursive=True)]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def env_speed(steps: int) -> dict[str, float]:
@@ -71,13 +41,8 @@ def env_speed(steps: int) -> dict[str, float]:
     start = time.perf_counter()
     actions = [step.executed for step in drive(env, PurePursuitExpert(), seed=0)]
     out = {"render_free_with_expert": len(actions) / (time.perf_counter() - start)}
-    for name, render in (("pixels", True), ("render_free", False)):
-        env = make_car_racing(render_observations=render, max_episode_steps=steps)
-        env.reset(seed=0)
-        start = time.perf_counter()
-        for action in actions:
-            env.step(action)
-        out[name] = len(actions) / (time.perf_counter() - start)
+    out["pixels"] = replay_rate(actions, 0, render_observations=True)
+    out["render_free"] = replay_rate(actions, 0, render_observations=False)
     out["ratio"] = out["render_free"] / out["pixels"]
     return out
 

@@ -27,8 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.nsac_speed import median_time  # noqa: E402
-from bench.run import PeakRss  # noqa: E402
+from bench.common import PeakRss, median_time  # noqa: E402
 from controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller  # noqa: E402
 from envs.observation import preprocess_observation  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402

@@ -104,9 +104,7 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
 
     model = "?"
     try:
-        agent = ControllerAgent(key.run, samples=samples or 20)
-        if samples is None:
-            agent.samples = agent.train_config.model.predict_samples
+        agent = ControllerAgent(key.run, samples=samples)
         model = agent.train_config.model.model
         torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
         env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer="fast")

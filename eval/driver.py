@@ -31,10 +31,11 @@ class ControllerAgent:
     source = "controller"
     needs_pixels = True
 
-    def __init__(self, run_dir: str | Path, samples: int = 20, device: str = "cpu") -> None:
+    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
+        """``samples``: draws per prediction; None uses the model's own ``predict_samples``."""
         self.run_dir = Path(run_dir)
         self.model, self.train_config = load_run(self.run_dir, device)
-        self.samples = samples
+        self.samples = samples if samples is not None else self.train_config.model.predict_samples
         self.device = torch.device(device)
         length, stride = self.train_config.sequence_length, self.train_config.frame_stride
         self.offsets = sequence_offsets(length, stride)

@@ -1,0 +1,70 @@
+"""Helpers every bench script shares: timing, peak memory, env replay rate, table printing."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psutil
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def replay_rate(actions: list[np.ndarray], seed: int, **env_kwargs: Any) -> float:
+    """Env steps/s replaying ``actions`` on track ``seed`` in an env built with ``env_kwargs``."""
+    from envs.car_racing import make_car_racing  # lazy: the torch-only benches need no env
+
+    env = make_car_racing(max_episode_steps=len(actions) + 1, **env_kwargs)
+    env.reset(seed=seed)
+    start = time.perf_counter()
+    for action in actions:
+        env.step(action)
+    return len(actions) / (time.perf_counter() - start)
+
+
+class PeakRss:
+    """Samples the summed RSS of a process and all its children every 50 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.process, *self.process.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    print(f"\n{title:<{width}}  value\n{'-' * width}  {'-' * 40}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
