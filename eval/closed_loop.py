@@ -4,7 +4,8 @@ Every episode is identified by (run, colour preset, track seed, repeat) and is t
 across models (paired design): same track, same colours, and a controller RNG seeded from
 (track seed, repeat). Each runs on a plain env until terminated or truncated (reason logged),
 writes a per-step log (``episodes/<id>.npz``: pose, speed, signed lateral and heading error,
-progress, raw predicted mean, executed action, aleatoric and epistemic variance per action)
+progress, raw predicted mean, executed action, the privileged expert's action for the same
+state, aleatoric and epistemic variance per action)
 and a JSON record, atomically; ``--resume`` skips finished episodes. An exception or a NaN
 action inside one episode is recorded as a failed episode with its reason and the evaluation
 goes on.
@@ -28,6 +29,7 @@ import json
 import math
 import multiprocessing
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,8 +39,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from agents.expert import PurePursuitExpert
 from agents.rollout import drive, termination_reason
 from envs.car_racing import make_car_racing
+from envs.state import PrivilegedState
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from nsacdrive.workers import single_threaded_worker
 
@@ -98,8 +102,50 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
     return capped
 
 
-def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
-    """Drive one episode; never raises — failures become a failed record."""
+LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
+              "expert_action", "aleatoric", "epistemic")
+
+
+class LoggingDriver:
+    """The controller's clipped mean, then the optional throttle cap; logs every prediction.
+
+    At each step the privileged expert's action for the same state is logged too
+    (``expert_action``), so traces can be compared with what the teacher would have done.
+    """
+
+    needs_pixels = True
+
+    def __init__(self, agent: Any, cap: float | None, log: dict[str, list],
+                 on_frame: Callable[[np.ndarray], None] | None = None) -> None:
+        self.agent, self.cap, self.log, self.on_frame = agent, cap, log, on_frame
+        self.expert = PurePursuitExpert()
+
+    def reset(self) -> None:
+        self.agent.reset()
+        self.expert.reset()
+
+    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        if self.on_frame is not None:
+            self.on_frame(observation)
+        action = self.agent.act(observation, state)
+        prediction = self.agent.last_prediction
+        if not np.all(np.isfinite(prediction.mean.numpy())):
+            raise FloatingPointError(f"non-finite action {prediction.mean.numpy().tolist()}")
+        executed = throttle_cap(action, float(torch.sqrt(prediction.total[0, 0])), self.cap)
+        self.log["raw_action"].append(prediction.mean[0].numpy())
+        self.log["aleatoric"].append(prediction.aleatoric[0].numpy())
+        self.log["epistemic"].append(prediction.epistemic[0].numpy())
+        self.log["executed_action"].append(executed)
+        self.log["expert_action"].append(self.expert.act(observation, state))
+        return executed
+
+
+def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
+                on_frame: Callable[[np.ndarray], None] | None = None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+    """Drive one episode; never raises — failures become a failed record.
+
+    ``on_frame`` (optional) receives every observation the controller sees, e.g. for a video.
+    """
     from eval.driver import ControllerAgent
 
     model = "?"
@@ -108,32 +154,9 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
         model = agent.train_config.model.model
         torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
         env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer="fast")
-        log: dict[str, list] = {name: [] for name in ("pose", "speed", "lateral_error", "heading_error", "progress",
-                                                    "raw_action", "executed_action", "aleatoric", "epistemic")}
-
-        class CappedAgent:
-            """The controller's clipped mean, then the optional uncertainty-aware throttle cap."""
-
-            needs_pixels = True
-
-            def reset(self) -> None:
-                agent.reset()
-
-            def act(self, observation, state):
-                action = agent.act(observation, state)
-                prediction = agent.last_prediction
-                if not np.all(np.isfinite(prediction.mean.numpy())):
-                    raise FloatingPointError(f"non-finite action {prediction.mean.numpy().tolist()}")
-                steer_std = float(torch.sqrt(prediction.total[0, 0]))
-                executed = throttle_cap(action, steer_std, cap)
-                log["raw_action"].append(prediction.mean[0].numpy())
-                log["aleatoric"].append(prediction.aleatoric[0].numpy())
-                log["epistemic"].append(prediction.epistemic[0].numpy())
-                log["executed_action"].append(executed)
-                return executed
-
+        log: dict[str, list] = {name: [] for name in LOG_FIELDS}
         last, score = None, 0.0
-        for step in drive(env, CappedAgent(), key.track_seed):
+        for step in drive(env, LoggingDriver(agent, cap, log, on_frame), key.track_seed):
             state = step.state
             log["pose"].append((state.pose.x, state.pose.y, state.pose.angle))
             log["speed"].append(state.pose.forward_speed)
