@@ -177,12 +177,23 @@ class EnsembleController(nn.Module):
         return terms
 
     @torch.no_grad()
-    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """Every member's tokens, stacked: [M, B, T, D] (cacheable per frame like :meth:`Controller.encode`)."""
+        return torch.stack([member.encode(frames) for member in self.members])
+
+    @torch.no_grad()
+    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
         """Uniform Gaussian mixture of the members (``samples`` is unused: members are deterministic)."""
-        predictions = [member.predict(frames, timestamps, samples) for member in self.members]
+        predictions = [member.predict_tokens(member_tokens, timestamps, samples)
+                       for member, member_tokens in zip(self.members, tokens)]
         means = torch.stack([p.mean for p in predictions])
         variances = torch.stack([p.aleatoric for p in predictions])
         return UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False))
+
+    @torch.no_grad()
+    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
+        """Uniform Gaussian mixture of the members' predictions for ``frames``."""
+        return self.predict_tokens(self.encode(frames), timestamps, samples)
 
 
 # ------------------------------------------------------------------- Deep Evidential Regression

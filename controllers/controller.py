@@ -41,6 +41,16 @@ class Controller(nn.Module):
         return self.head.training_loss(tokens, times, target, perturbed)
 
     @torch.no_grad()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, T, D]; frames are encoded independently, so tokens can be cached per frame."""
+        return self.encoder(frames)
+
+    @torch.no_grad()
+    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
+        """Prediction from tokens made by :meth:`encode` (closed loop reuses the older frames' tokens)."""
+        return self.head.predict(tokens, head_times(timestamps), samples)
+
+    @torch.no_grad()
     def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
         """Mean, aleatoric and epistemic variance per action; the encoder runs once."""
-        return self.head.predict(self.encoder(frames), head_times(timestamps), samples)
+        return self.predict_tokens(self.encode(frames), timestamps, samples)

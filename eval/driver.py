@@ -6,6 +6,10 @@ exactly as :class:`data_collection.dataset.SequenceDataset` does, runs them thro
 (:func:`data_collection.dataset.sequence_timestamps`), so the network sees in closed loop what
 it saw in training (the published pipeline fed 4 frames as channels of one step instead).
 Before (T−1)·stride steps have passed, the missing older frames repeat the first frame.
+
+Encoders embed every frame on its own, so the agent encodes only the newest frame each step
+and reuses the cached tokens of the older ones (T× less encoder work; identical predictions,
+tested against re-encoding the whole sequence).
 """
 
 from __future__ import annotations
@@ -41,26 +45,35 @@ class ControllerAgent:
         self.offsets = sequence_offsets(length, stride)
         self.timestamps = torch.from_numpy(sequence_timestamps(length, stride))[None].to(self.device)
         self.frames: deque[np.ndarray] = deque(maxlen=-int(self.offsets[0]) + 1)
+        self.tokens: deque[torch.Tensor] = deque(maxlen=self.frames.maxlen)
         self.agent_id = f"controller:{self.run_dir.name}"
         self.last_prediction: UncertainPrediction | None = None
 
     def reset(self) -> None:
         self.frames.clear()
+        self.tokens.clear()
         self.last_prediction = None
 
     def config(self) -> dict[str, Any]:
         return {"agent_id": self.agent_id, "run_dir": str(self.run_dir), "samples": self.samples,
                 "model": self.train_config.model.model}
 
-    def sequence(self) -> np.ndarray:
-        """The T raw frames the network sees now, oldest first (start of episode: first frame repeated)."""
+    def history_indices(self) -> list[int]:
+        """Positions in the frame history of the T frames the network sees now, oldest first
+        (start of episode: the first frame repeated)."""
         newest = len(self.frames) - 1
-        return np.stack([self.frames[max(newest + int(offset), 0)] for offset in self.offsets])
+        return [max(newest + int(offset), 0) for offset in self.offsets]
+
+    def sequence(self) -> np.ndarray:
+        """The T raw frames the network sees now, oldest first."""
+        return np.stack([self.frames[i] for i in self.history_indices()])
 
     def predict(self, observation: np.ndarray) -> UncertainPrediction:
         self.frames.append(np.asarray(observation))
-        frames = torch.from_numpy(preprocess_observation(self.sequence()))[None].to(self.device)
-        self.last_prediction = self.model.predict(frames, self.timestamps, samples=self.samples)
+        newest = torch.from_numpy(preprocess_observation(self.frames[-1][None]))[None].to(self.device)
+        self.tokens.append(self.model.encode(newest))
+        tokens = torch.cat([self.tokens[i] for i in self.history_indices()], dim=-2)
+        self.last_prediction = self.model.predict_tokens(tokens, self.timestamps, samples=self.samples)
         return self.last_prediction
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:

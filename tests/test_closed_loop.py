@@ -95,3 +95,22 @@ def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
     assert np.array_equal(throttle_cap(action, 0.05, 0.1), action)
     np.testing.assert_allclose(throttle_cap(action, 0.4, 0.1), [0.1, 0.2, 0.0])
     assert np.array_equal(throttle_cap(action, 5.0, None), action)
+
+
+def test_cached_tokens_give_the_same_prediction_as_re_encoding_the_sequence(trained_run):
+    import torch
+
+    from envs.observation import preprocess_observation
+    from eval.driver import ControllerAgent
+
+    agent = ControllerAgent(trained_run)
+    rng = np.random.default_rng(0)
+    for step in range(12):  # past the (T−1)·stride history, so the cache wraps around
+        frame = rng.integers(0, 256, size=(96, 96, 3), dtype=np.uint8)
+        cached = agent.predict(frame)
+        frames = torch.from_numpy(preprocess_observation(agent.sequence()))[None]
+        full = agent.model.predict(frames, agent.timestamps, samples=agent.samples)
+        assert torch.allclose(cached.mean, full.mean, atol=1e-5), step
+        assert torch.allclose(cached.aleatoric, full.aleatoric, rtol=1e-4, atol=1e-7), step
+    agent.reset()
+    assert not agent.frames and not agent.tokens
