@@ -3,7 +3,9 @@
 :func:`drive` yields one :class:`Step` per env step, so callers decide what to keep (the
 recorder keeps everything, quality evaluation keeps a few statistics) without duplicating the
 control loop. Action noise, when asked for, perturbs only the executed action; the agent's own
-action is kept as the label.
+action is kept as the label. With a ``learner`` (DAgger), the agent is the labeller and each
+step executes its action with probability β and the learner's otherwise (Ross et al. 2011's
+mixture policy π_i = β·π* + (1 − β)·π̂_i), while the label stays the agent's.
 """
 
 from __future__ import annotations
@@ -63,16 +65,30 @@ def drive(
     seed: int,
     noise_sigma: float = 0.0,
     noise_rng: np.random.Generator | None = None,
+    learner: Agent | None = None,
+    beta: float = 1.0,
 ) -> Iterator[Step]:
-    """Reset ``env`` onto track ``seed`` and yield every step until terminated or truncated."""
+    """Reset ``env`` onto track ``seed`` and yield every step until terminated or truncated.
+
+    ``learner``/``beta``: see the module docstring (the learner sees every step, so agents with a
+    frame history stay in sync, whoever is in control).
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta}")
     observation, _ = env.reset(seed=seed)
     agent.reset()
+    if learner is not None:
+        learner.reset()
     state = privileged_state(env)
     rng = noise_rng if noise_rng is not None else np.random.default_rng(seed)
     done = False
     while not done:
         label = np.asarray(agent.act(observation, state), dtype=np.float32)
-        executed = apply_action_noise(label, rng, noise_sigma)
+        control = label
+        if learner is not None:
+            learner_action = np.asarray(learner.act(observation, state), dtype=np.float32)
+            control = label if rng.random() < beta else learner_action
+        executed = apply_action_noise(control, rng, noise_sigma)
         next_observation, reward, terminated, truncated, info = env.step(executed)
         next_state = privileged_state(env)
         yield Step(observation, state, label, executed, float(reward), bool(terminated), bool(truncated),

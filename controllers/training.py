@@ -64,6 +64,7 @@ class TrainConfig:
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"
+    init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -134,6 +135,8 @@ class Trainer:
         torch.manual_seed(self.config.seed)
         self.model = build_controller(self.config.model).to(self.device)
         cfg = self.config
+        if cfg.init_from is not None:
+            self._initialise_from(Path(cfg.init_from))
         dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride,
                           cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets)
         self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), **dataset_kw)
@@ -144,6 +147,14 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(self.optimizer, factor=cfg.plateau_factor, patience=cfg.plateau_patience)
         self.state = TrainState()
+
+    def _initialise_from(self, run_dir: Path) -> None:
+        """Start from another run's best weights; its architecture must be this run's."""
+        source = ModelConfig.from_dict(read_config(run_dir)["model"])
+        if source != self.config.model:
+            raise CheckpointError(f"--init {run_dir}: its model config {source.to_dict()} differs from this run's "
+                                  f"{self.config.model.to_dict()}")
+        load_weights(self.model, run_dir / WEIGHTS_FILE)
 
     # ------------------------------------------------------------------ persistence
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -79,19 +79,30 @@ class EpisodeRecord:
         return int(self.sidecar["n_steps"])
 
 
-def load_episode_records(root: Path, seeds: Iterable[int] | None, on_error: Literal["raise", "skip"],
+def dataset_roots(data: str | Path | Sequence[str | Path]) -> list[Path]:
+    """One or more dataset folders: a path, a comma-separated list (``data/bc,runs/dagger/round-1/data``)
+    or a sequence of paths — DAgger trains on the union of the demonstrations and every round."""
+    parts = str(data).split(",") if isinstance(data, (str, Path)) else [str(d) for d in data]
+    roots = [Path(part.strip()) for part in parts if part.strip()]
+    if not roots:
+        raise DatasetError(f"no dataset folder given in {data!r}")
+    for root in roots:
+        if not root.is_dir():
+            raise DatasetError(f"{root}: dataset folder does not exist")
+    return roots
+
+
+def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterable[int] | None, on_error: Literal["raise", "skip"],
                          colour_presets: Iterable[str] | None = None) -> list[EpisodeRecord]:
-    """Validate and index every episode in ``root`` whose track seed is in ``seeds`` (and whose
-    colour preset is in ``colour_presets``, when given)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetError(f"{root}: dataset folder does not exist")
+    """Validate and index every episode in the dataset folder(s) ``root`` (see :func:`dataset_roots`)
+    whose track seed is in ``seeds`` (and whose colour preset is in ``colour_presets``, when given)."""
+    roots = dataset_roots(root)
     if on_error not in ("raise", "skip"):
         raise DatasetError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     wanted = None if seeds is None else set(int(s) for s in seeds)
     presets = None if colour_presets is None else set(colour_presets)
     records = []
-    for path in sidecar_paths(root):
+    for path in (path for folder in roots for path in sidecar_paths(folder)):
         try:
             sidecar, arrays = load_episode_arrays(path, include_observations=False)
         except EpisodeFileError as exc:
@@ -126,7 +137,7 @@ class SequenceDataset(Dataset):
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | Sequence[str | Path],
         seeds: Iterable[int] | None = None,
         sequence_length: int = 4,
         frame_stride: int = 1,
@@ -140,12 +151,12 @@ class SequenceDataset(Dataset):
                 "sequence_length and frame_stride must be >= 1, skip_intro >= 0, cache_episodes >= 1; got "
                 f"{sequence_length}, {frame_stride}, {skip_intro}, {cache_episodes}"
             )
-        self.root = Path(root)
+        self.roots = dataset_roots(root)
         self.sequence_length = sequence_length
         self.frame_stride = frame_stride
         self.cache_episodes = cache_episodes
         self.on_error = on_error
-        self.episodes = load_episode_records(self.root, seeds, on_error, colour_presets)
+        self.episodes = load_episode_records(self.roots, seeds, on_error, colour_presets)
         first_end = skip_intro + (sequence_length - 1) * frame_stride
         index = [
             np.stack([np.full(max(r.n_steps - first_end, 0), i), np.arange(first_end, max(r.n_steps, first_end))], axis=1)

@@ -54,6 +54,23 @@ class NoiseConfig:
 
 
 @dataclass(frozen=True)
+class MixingConfig:
+    """DAgger data: the recorded agent labels every step while ``learner`` (an agent spec, e.g.
+    ``controller:runs/nsac``) drives with probability 1 − ``beta`` per step (seeded like the noise).
+    ``source`` names the data in sidecars and episode ids, e.g. ``dagger-round-2``."""
+
+    learner: str
+    beta: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
+        if not self.source or any(c in self.source for c in "/\\:"):
+            raise ValueError(f"mixing source must be a plain name such as 'dagger-round-1', got {self.source!r}")
+
+
+@dataclass(frozen=True)
 class EpisodeJob:
     """Everything that determines one recorded episode."""
 
@@ -63,19 +80,24 @@ class EpisodeJob:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     max_steps: int = MAX_EPISODE_STEPS
     renderer: str = DEFAULT_RENDERER
+    mixing: MixingConfig | None = None
 
     @property
     def episode_id(self) -> str:
         noise = f"_noise{self.noise.sigma:g}-{self.noise.seed}" if self.noise.sigma > 0 else ""
+        mixing = f"_{self.mixing.source}" if self.mixing is not None else ""
         agent = self.agent.replace(":", "-").replace("/", "-")
-        return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}"
+        return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}"
 
 
 def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Drive one episode and return its arrays and sidecar metadata (nothing written)."""
     agent = make_agent(job.agent)
+    learner = make_agent(job.mixing.learner) if job.mixing is not None else None
+    beta = job.mixing.beta if job.mixing is not None else 1.0
     env = make_car_racing(colour_preset=job.colour_preset, max_episode_steps=job.max_steps, renderer=job.renderer)
-    steps = list(drive(env, agent, job.track_seed, job.noise.sigma, np.random.default_rng([job.noise.seed, job.track_seed])))
+    rng = np.random.default_rng([job.noise.seed, job.track_seed])
+    steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
     env.close()
     states = [steps[0].state] + [s.next_state for s in steps]
     last = steps[-1]
@@ -103,10 +125,11 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
         "n_tiles": len(base.track),
         "colour_preset": job.colour_preset,
         "colour_scheme": base.colour_scheme.to_dict(),
-        "source": agent.source,
+        "source": job.mixing.source if job.mixing is not None else agent.source,
         "agent": agent.config(),
         "agent_spec": job.agent,
         "noise": asdict(job.noise),
+        "mixing": asdict(job.mixing) if job.mixing is not None else None,
         "max_steps": job.max_steps,
         "total_reward": float(np.sum(arrays["rewards"], dtype=np.float64)),
         "lap_finished": bool(last.info.get("lap_finished", False)),
@@ -158,8 +181,11 @@ def collect(
     max_steps: int = MAX_EPISODE_STEPS,
     progress: bool = True,
     renderer: str = DEFAULT_RENDERER,
+    mixing: MixingConfig | None = None,
 ) -> CollectionSummary:
-    """Record ``agent`` on every (seed, preset); parallel workers, one progress bar."""
+    """Record ``agent`` on every (seed, preset); parallel workers, one progress bar.
+
+    ``mixing``: record DAgger data (the agent labels, a learner drives part of the time)."""
     out = Path(out_dir)
     if not colour_presets:
         raise ValueError("--colour-preset: give at least one colour preset")
@@ -172,9 +198,11 @@ def collect(
     for preset in colour_presets:
         validate_preset(preset)
     make_agent(agent)  # fail fast on a bad agent spec, before any worker starts
+    if mixing is not None:
+        make_agent(mixing.learner)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer) for preset in colour_presets for seed in seeds]
+    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing) for preset in colour_presets for seed in seeds]
     out.mkdir(parents=True, exist_ok=True)
     remove_partial_files(out)
     existing = [job for job in jobs if episode_is_complete(out, job)]
