@@ -230,6 +230,44 @@ def closed_loop_eval(
     typer.echo(f"per-step logs and summary → {out}")
 
 
+@app.command("plot")
+def plot(
+    eval_dir: Path = typer.Argument(..., help="Evaluation folder written by `nsacdrive eval --out`."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Figure folder (default: EVAL_DIR/figures)."),
+    episodes: Optional[str] = typer.Option(None, "--episodes", help="Comma-separated episode ids, or 'all' (default: best and worst by score per controller, at most 6)."),
+    videos: int = typer.Option(0, "--videos", min=0, help="Also re-drive the first K chosen episodes and write their videos to OUT/videos."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction when re-driving (must match `nsacdrive eval --samples`)."),
+) -> None:
+    """Figures of a closed-loop evaluation: success and scores, then paths, actions and uncertainty per episode."""
+    from eval.plots import write_episode_figures, write_evaluation_figures
+    from eval.results import EvaluationError, choose_episodes, load_aggregates, load_records
+    from eval.video import write_episode_video
+
+    out = out if out is not None else eval_dir / "figures"
+    try:
+        load_aggregates(eval_dir)  # validate the folder before writing anything
+        records = load_records(eval_dir)
+        if episodes is None:
+            chosen = choose_episodes(records)
+        elif episodes.strip() == "all":
+            chosen = [r["episode_id"] for r in records if not r["failed"]]
+        else:
+            chosen = [e.strip() for e in episodes.split(",") if e.strip()]
+            unknown = sorted(set(chosen) - {r["episode_id"] for r in records})
+            if unknown:
+                raise EvaluationError(f"--episodes: no episode {', '.join(unknown)} in {eval_dir / 'episodes'}")
+        for path in write_evaluation_figures(eval_dir, out):
+            typer.echo(path)
+        for episode_id in chosen:
+            for path in write_episode_figures(eval_dir, episode_id, out):
+                typer.echo(path)
+        for episode_id in chosen[:videos]:
+            typer.echo(write_episode_video(eval_dir, episode_id, out / "videos" / f"{episode_id}.mp4", samples=samples))
+    except EvaluationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""

@@ -1,0 +1,97 @@
+"""Read a closed-loop evaluation folder (``nsacdrive eval --out DIR``) back for figures and videos.
+
+The folder holds ``aggregates.json`` (per (model, preset) rows and the evaluation settings) and
+``episodes/<id>.json`` + ``episodes/<id>.npz`` per episode (see :mod:`eval.closed_loop`). Every
+problem is an :class:`EvaluationError` that names the file, so the command line can report it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval.closed_loop import LOG_FIELDS
+
+
+class EvaluationError(ValueError):
+    """An evaluation folder or one of its episodes is missing, unreadable or unusable."""
+
+
+def load_aggregates(eval_dir: Path) -> dict[str, Any]:
+    """``aggregates.json`` of an evaluation folder (rows under ``aggregates``, plus the settings)."""
+    path = Path(eval_dir) / "aggregates.json"
+    if not path.is_file():
+        raise EvaluationError(f"{path}: not found; expected an evaluation folder written by `nsacdrive eval`")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EvaluationError(f"{path}: not valid JSON ({exc})") from None
+
+
+def load_records(eval_dir: Path) -> list[dict[str, Any]]:
+    """Every episode record (``episodes/*.json``), sorted by episode id."""
+    folder = Path(eval_dir) / "episodes"
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise EvaluationError(f"{folder}: no episode records found")
+    return [_read_json(path) for path in paths]
+
+
+def load_episode(eval_dir: Path, episode_id: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The record and per-step arrays of one finished (not failed) episode."""
+    folder = Path(eval_dir) / "episodes"
+    record = _read_json(folder / f"{episode_id}.json")
+    if record["failed"]:
+        raise EvaluationError(f"{episode_id}: the episode failed ({record['reason']}); it has no per-step log")
+    path = folder / f"{episode_id}.npz"
+    try:
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise EvaluationError(f"{path}: cannot read the per-step log ({exc})") from None
+    missing = [name for name in LOG_FIELDS if name not in arrays]
+    if missing:
+        raise EvaluationError(f"{path}: the per-step log lacks {', '.join(missing)}; re-run `nsacdrive eval` with this version")
+    return record, arrays
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise EvaluationError(f"{path}: episode record not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EvaluationError(f"{path}: not valid JSON ({exc})") from None
+
+
+def group_label(record: dict[str, Any]) -> str:
+    """How a controller is named in figures: its model and run folder (two runs may share a model).
+
+    Works on episode records (``run`` is a path) and on aggregate rows (``run`` is its name).
+    """
+    return f"{record['model']} ({Path(record['run']).name})"
+
+
+def choose_episodes(records: list[dict[str, Any]], limit: int = 6) -> list[str]:
+    """A mix of finished episodes to look at: per controller the best and worst by score, then the
+    next best and next worst, taken round-robin over controllers until ``limit``.
+
+    Best and worst show both what a controller can do and how it fails; round-robin keeps every
+    controller represented when the limit is small.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if not r["failed"]:
+            groups.setdefault(group_label(r), []).append(r)
+    queues = []
+    for _, items in sorted(groups.items()):
+        ranked = sorted(items, key=lambda r: (-r["score"], r["episode_id"]))
+        ends = [ranked[i // 2] if i % 2 == 0 else ranked[-1 - i // 2] for i in range(len(ranked))]
+        queues.append([r["episode_id"] for r in ends])
+    chosen: list[str] = []
+    for rank in range(max((len(q) for q in queues), default=0)):
+        chosen += [q[rank] for q in queues if rank < len(q)]
+    return chosen[:limit]
