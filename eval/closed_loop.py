@@ -27,10 +27,8 @@ import csv
 import io
 import json
 import math
-import multiprocessing
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +41,8 @@ from agents.expert import PurePursuitExpert
 from agents.rollout import drive, termination_reason
 from envs.car_racing import make_car_racing
 from envs.state import PrivilegedState
+from eval.backends import run_tasks
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
-from nsacdrive.workers import single_threaded_worker
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
@@ -224,8 +222,13 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str], repeats: int, out_dir: Path,
                          max_steps: int = 1000, workers: int = 1, samples: int | None = None,
-                         cap: float | None = None, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
-    """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates."""
+                         cap: float | None = None, resume: bool = False, progress: bool = True,
+                         backend: str = "process", address: str | None = None) -> list[dict[str, Any]]:
+    """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
+
+    ``backend``/``address`` choose where episodes run (``eval.backends.run_tasks``: local processes
+    or a Ray cluster); every backend gives the same episodes for the same seeds.
+    """
     keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds for repeat in range(repeats)]
     folder = out_dir / "episodes"
     done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
@@ -233,16 +236,10 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
     todo = [k for k in keys if k not in done]
     args = [(k, str(out_dir), max_steps, samples, cap) for k in todo]
+    results = run_tasks(_episode_worker, args, workers, backend=backend, address=address)
     with tqdm(total=len(keys), initial=len(done), unit="episode", desc="closed loop", disable=not progress) as bar:
-        if workers <= 1:
-            for a in args:
-                _episode_worker(*a)
-                bar.update(1)
-        else:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=single_threaded_worker) as pool:
-                for _ in pool.map(_episode_worker, *zip(*args)):
-                    bar.update(1)
+        for _ in results:
+            bar.update(1)
     records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(records[0]))

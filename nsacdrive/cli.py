@@ -212,14 +212,22 @@ def closed_loop_eval(
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
+    backend: str = typer.Option("process", "--backend", help="process (local worker processes) | ray (Ray tasks; the optional extra 'ray')."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
+    from eval.backends import BACKENDS
     from eval.closed_loop import evaluate_closed_loop
 
+    if backend not in BACKENDS:
+        raise typer.BadParameter(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if address is not None and backend != "ray":
+        raise typer.BadParameter("--address: only used with --backend ray")
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
-                                    workers=workers, samples=samples, cap=throttle_cap, resume=resume)
-    except FileExistsError as exc:
+                                    workers=workers, samples=samples, cap=throttle_cap, resume=resume,
+                                    backend=backend, address=address)
+    except (FileExistsError, ImportError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{'model':<12}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}{'score':>8}{'|lat|':>7}{'DS':>6}")
