@@ -276,6 +276,40 @@ def plot(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def dagger(
+    init: Path = typer.Option(..., "--init", help="Behaviour-cloned run folder every round starts from (round 0)."),
+    out: Path = typer.Option(..., "--out", help="DAgger folder: dagger.json, data/round-k, runs/round-k, report.json."),
+    rounds: int = typer.Option(3, "--rounds", min=1),
+    episodes_per_round: int = typer.Option(16, "--episodes-per-round", min=1, help="Training tracks driven per round (per colour preset)."),
+    beta0: float = typer.Option(0.5, "--beta0", min=0.0, max=1.0, help="β of round 1: probability that the expert drives a step."),
+    beta_decay: float = typer.Option(0.5, "--beta-decay", min=0.0, max=1.0, help="β_k = beta0 · decay^(k−1)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help="Colour presets driven in the rounds."),
+    epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
+    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of round and evaluation episodes."),
+    max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
+    eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
+    eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Presets of that table, e.g. default,shift-3."),
+    workers: int = typer.Option(2, "--workers", min=1),
+    seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
+) -> None:
+    """DAgger: the learner drives, the privileged expert labels, the controller is fine-tuned; resumable."""
+    from eval.dagger import Dagger, DaggerConfig, format_report
+
+    try:
+        config = DaggerConfig(str(init), rounds, episodes_per_round, beta0, beta_decay, seeds, tuple(_presets(colour_preset)),
+                              epochs_per_round, max_steps, max_batches_per_epoch, workers, seed, eval_seeds,
+                              tuple(_presets(eval_colour_preset)), max_steps)
+        report = Dagger(config, out).run()
+    except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if "closed_loop" in report:
+        typer.echo(format_report(report))
+    typer.echo(f"DAgger rounds → {out}/runs, report → {out}/report.json")
+
+
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""
