@@ -248,5 +248,6 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     atomic_write_bytes(out_dir / "summary.csv", buffer.getvalue().encode())
     rows = aggregate(records)
     atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
-                                                     "seeds": seeds, "colour_presets": presets, "repeats": repeats})
+                                                     "samples": samples, "seeds": seeds, "colour_presets": presets,
+                                                     "repeats": repeats})
     return rows

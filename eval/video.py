@@ -46,14 +46,14 @@ def write_episode_video(eval_dir: Path, episode_id: str, out_path: Path, fps: in
                         samples: int | None = None) -> Path:
     """Re-drive one logged episode and write its annotated video to ``out_path``.
 
-    ``max_steps`` and the throttle cap come from the evaluation's ``aggregates.json``;
-    ``samples`` (draws per prediction; None = the model's own) must be the one the evaluation
-    used, since it is not recorded there.
+    ``max_steps``, the throttle cap and the draws per prediction come from the evaluation's
+    ``aggregates.json``; ``samples`` overrides the latter (folders written before it was recorded).
     """
     record, logged = load_episode(Path(eval_dir), episode_id)
     settings = load_aggregates(Path(eval_dir))
     key = EpisodeKey(record["run"], record["colour_preset"], record["track_seed"], record["repeat"])
     frames: list[np.ndarray] = []
+    samples = samples if samples is not None else settings.get("samples")
     redriven, arrays = run_episode(key, settings["max_steps"], samples, settings["throttle_cap"],
                                    on_frame=lambda frame: frames.append(np.array(frame)))
     if redriven.failed:

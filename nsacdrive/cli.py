@@ -244,7 +244,7 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", help="Figure folder (default: EVAL_DIR/figures)."),
     episodes: Optional[str] = typer.Option(None, "--episodes", help="Comma-separated episode ids, or 'all' (default: best and worst by score per controller, at most 6)."),
     videos: int = typer.Option(0, "--videos", min=0, help="Also re-drive the first K chosen episodes and write their videos to OUT/videos."),
-    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction when re-driving (must match `nsacdrive eval --samples`)."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction when re-driving (default: the evaluation's own, from aggregates.json)."),
 ) -> None:
     """Figures of a closed-loop evaluation: success and scores, then paths, actions and uncertainty per episode."""
     from eval.plots import write_episode_figures, write_evaluation_figures
