@@ -7,7 +7,9 @@ architecture (``configs/demo.json``) saved to a temporary run folder. It drives 
 the fast renderer; "env alone" replays the very actions it executed. Rows side by side: the
 agent re-encoding all T frames every step (what a naive loop does) vs encoding only the newest
 frame and reusing cached tokens (:class:`eval.driver.ControllerAgent`), with 20 draws and with
-one. Target (issue 6): with the controller in the loop ≥ 85 % of the env-alone rate.
+one. Target (issue 6): with the controller in the loop ≥ 85 % of the env-alone rate. A last
+block splits the per-step cost (env step, privileged state, newest-frame encoding, head with
+its draws) and shows what batching B episodes per controller call would give per env step.
 Usage: ``python bench/closed_loop_speed.py``.
 """
 
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.rollout import drive  # noqa: E402
-from bench.common import print_table, replay_rate  # noqa: E402
+from bench.common import median_time, print_table, replay_rate  # noqa: E402
 from controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config  # noqa: E402
 from controllers.registry import build_controller  # noqa: E402
 from controllers.training import TrainConfig  # noqa: E402
@@ -70,6 +72,29 @@ def in_loop_rate(agent: ControllerAgent) -> tuple[float, list[np.ndarray]]:
     return len(actions) / (time.perf_counter() - start), actions
 
 
+def batched_controller_ms(agent: ControllerAgent, batch: int) -> tuple[float, float]:
+    """(encoder, head) milliseconds per env step when ``batch`` episodes share one controller call."""
+    frames = torch.rand(batch, 1, 3, 84, 96)
+    tokens = torch.cat([agent.model.encode(frames)] * len(agent.offsets), dim=-2)
+    times = agent.timestamps.expand(batch, -1)
+    encode = median_time(lambda: agent.model.encode(frames), repeats=20)
+    head = median_time(lambda: agent.model.predict_tokens(tokens, times, samples=agent.samples), repeats=20)
+    return 1e3 * encode / batch, 1e3 * head / batch
+
+
+def env_step_ms(steps: int = 200) -> tuple[float, float]:
+    """(env step with the fast renderer, privileged state) milliseconds per step."""
+    from envs.car_racing import make_car_racing
+    from envs.state import privileged_state
+
+    env = make_car_racing(renderer="fast", max_episode_steps=steps + 1)
+    env.reset(seed=42)
+    action = np.array([0.0, 0.2, 0.0], dtype=np.float32)
+    step = median_time(lambda: env.step(action), repeats=steps)
+    state = median_time(lambda: privileged_state(env), repeats=steps)
+    return 1e3 * step, 1e3 * state
+
+
 def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
@@ -82,6 +107,8 @@ def main() -> None:
             "cached tokens, 1 draw": in_loop_rate(ControllerAgent(run, samples=1))[0],
         }
         env_alone = replay_rate(actions, 42, renderer="fast")
+        step_ms, state_ms = env_step_ms()
+        batched = {batch: batched_controller_ms(cached, batch) for batch in (1, 8, 32)}
         throughput = {}
         for workers in (1, 2):
             with tempfile.TemporaryDirectory() as folder:
@@ -91,15 +118,24 @@ def main() -> None:
                 throughput[workers] = 4 * STEPS / (time.perf_counter() - start)
     rows = [("env steps/s, fast renderer, env alone (1 thread)", f"{env_alone:.0f}")]
     for name, value in in_loop.items():
-        rows.append((f"with {cached.model.__class__.__name__} in the loop: {name}", f"{value:.0f}  ({100 * value / env_alone:.0f} % of env alone)"))
+        rows.append((f"with {cached.train_config.model.model} in the loop: {name}", f"{value:.0f}  ({100 * value / env_alone:.0f} % of env alone)"))
     rows += [
         ("target: controller in the loop / env alone", "≥ 85 %"),
+        ("per step: env step (fast renderer) / privileged state", f"{step_ms:.2f} / {state_ms:.2f} ms"),
+    ]
+    for batch, (encode, head) in batched.items():
+        env_ms = step_ms + state_ms
+        rows.append((f"per env step, {batch} episodes per controller call: encode / head",
+                     f"{encode:.3f} / {head:.3f} ms  (→ {100 * env_ms / (env_ms + encode + head):.0f} % of env alone)"))
+    rows += [
         ("closed-loop evaluation steps/s, 1 worker", f"{throughput[1]:.0f}"),
         ("closed-loop evaluation steps/s, 2 workers", f"{throughput[2]:.0f}  ({throughput[2] / throughput[1]:.2f}×)"),
     ]
     print_table(f"closed-loop benchmark ({'trained ' + str(DEMO_RUN.name) if run == DEMO_RUN else 'untrained demo architecture'})", rows)
     atomic_write_json(ROOT / "bench" / "results" / "closed_loop_speed.json",
-                      {"env_alone": env_alone, "in_loop": in_loop, "eval_throughput": throughput})
+                      {"env_alone": env_alone, "in_loop": in_loop, "eval_throughput": throughput,
+                       "env_step_ms": step_ms, "state_ms": state_ms,
+                       "batched_controller_ms": {str(b): list(v) for b, v in batched.items()}})
 
 
 if __name__ == "__main__":
