@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from controllers.actions import ACTION_NAMES, squash
-from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, NSACOutput, UncertainPrediction, decompose
+from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, NSACOutput, UncertainPrediction, attention_per_position, decompose
 from controllers.objectives import NSACObjective, check_targets, gaussian_nll
 
 N_ACTIONS = len(ACTION_NAMES)
@@ -54,8 +54,8 @@ class NSACHead(UncertaintyHead):
         self.train_samples = train_samples
         self.objective = objective
 
-    def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int) -> NSACOutput:
-        out = self.layer(tokens, times, samples=samples)
+    def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int, return_internals: bool = False) -> NSACOutput:
+        out = self.layer(tokens, times, samples=samples, return_internals=return_internals)
         return NSACOutput(squash(out.mean), out.log_sigma, out.internals)
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
@@ -68,8 +68,10 @@ class NSACHead(UncertaintyHead):
                 "epistemic_id": terms.epistemic_id, "epistemic_ood": terms.epistemic_ood}
 
     def predict(self, tokens, times, samples):
-        out = self.draws(tokens, times, samples)
-        return decompose(out.mean, out.log_sigma)
+        out = self.draws(tokens, times, samples, return_internals=True)
+        prediction = decompose(out.mean, out.log_sigma)
+        prediction.attention = attention_per_position(out.internals, tokens.shape[1])
+        return prediction
 
 
 class GaussianHead(nn.Module):

@@ -154,10 +154,22 @@ class UncertainPrediction:
     mean: torch.Tensor
     aleatoric: torch.Tensor
     epistemic: torch.Tensor
+    #: [B, T] attention of the newest query on each input position (mean over draws and heads;
+    #: a summary for closed-loop logs), from heads that attend over the sequence; else None
+    attention: torch.Tensor | None = None
 
     @property
     def total(self) -> torch.Tensor:
         return self.aleatoric + self.epistemic
+
+
+def attention_per_position(internals: NSACInternals, length: int) -> torch.Tensor:
+    """[B, T]: the newest query's attention on each of the T positions, averaged over draws and
+    heads (top-K selects different keys per head, so weights are scattered back to positions)."""
+    weights = internals.attention[:, :, :, -1].mean(0)  # [B, H, K]
+    index = internals.key_index[:, :, -1]  # [B, H, K]
+    per_position = torch.zeros(*weights.shape[:2], length, dtype=weights.dtype, device=weights.device)
+    return per_position.scatter_add_(2, index, weights).mean(1)
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor) -> UncertainPrediction:

@@ -5,7 +5,8 @@ across models (paired design): same track, same colours, and a controller RNG se
 (track seed, repeat). Each runs on a plain env until terminated or truncated (reason logged),
 writes a per-step log (``episodes/<id>.npz``: pose, speed, signed lateral and heading error,
 progress, raw predicted mean, executed action, the privileged expert's action for the same
-state, aleatoric and epistemic variance per action)
+state, aleatoric and epistemic variance per action, and — for heads that attend over the frame
+sequence (NSAC) — the newest query's attention on each of the T frames, NaN otherwise)
 and a JSON record, atomically; ``--resume`` skips finished episodes. An exception or a NaN
 action inside one episode is recorded as a failed episode with its reason and the evaluation
 goes on.
@@ -101,7 +102,7 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
 
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
-              "expert_action", "aleatoric", "epistemic")
+              "expert_action", "aleatoric", "epistemic", "attention")
 
 
 class LoggingDriver:
@@ -133,16 +134,22 @@ class LoggingDriver:
         self.log["raw_action"].append(prediction.mean[0].numpy())
         self.log["aleatoric"].append(prediction.aleatoric[0].numpy())
         self.log["epistemic"].append(prediction.epistemic[0].numpy())
+        length = len(self.agent.offsets)
+        attention = prediction.attention[0].numpy() if prediction.attention is not None else np.full(length, np.nan)
+        self.log["attention"].append(attention)
         self.log["executed_action"].append(executed)
         self.log["expert_action"].append(self.expert.act(observation, state))
         return executed
 
 
 def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
-                on_frame: Callable[[np.ndarray], None] | None = None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+                on_frame: Callable[[np.ndarray], None] | None = None,
+                on_agent: Callable[[Any], None] | None = None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
     """Drive one episode; never raises — failures become a failed record.
 
-    ``on_frame`` (optional) receives every observation the controller sees, e.g. for a video.
+    ``on_frame`` (optional) receives every observation the controller sees, e.g. for a video;
+    ``on_agent`` (optional) receives the :class:`eval.driver.ControllerAgent` before the first
+    step, e.g. to hook its network and record internals of every prediction.
     """
     from eval.driver import ControllerAgent
 
@@ -150,6 +157,8 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
     try:
         agent = ControllerAgent(key.run, samples=samples)
         model = agent.train_config.model.model
+        if on_agent is not None:
+            on_agent(agent)
         torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
         env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer="fast")
         log: dict[str, list] = {name: [] for name in LOG_FIELDS}

@@ -36,6 +36,8 @@ def test_episodes_logs_and_summary(trained_run, tmp_path):
     executed = log["executed_action"]
     assert np.all(executed[:, 0] >= -1) and np.all(executed[:, 0] <= 1) and np.all((executed[:, 1:] >= 0) & (executed[:, 1:] <= 1))
     assert record["mean_abs_lateral_error"] == pytest.approx(float(np.abs(log["lateral_error"]).mean()), rel=1e-5)
+    assert log["expert_action"].shape == (40, 3) and log["attention"].shape == (40, 4)
+    assert np.isnan(log["attention"]).all()  # a GMLE head does not attend over the frames
     assert (tmp_path / "summary.csv").read_text().count("\n") == 5
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from controllers.circuit_attention import block_topk, exact_topk
-from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, decompose, ou_moments
+from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, attention_per_position, decompose, ou_moments
 from controllers.objectives import NSACObjective, frozen_batchnorm_statistics, gaussian_nll, gaussian_perturbation
 
 MODES = ["corrected", "reference"]
@@ -39,6 +39,23 @@ def test_shapes_and_attention_sums_to_one(mode, return_sequences):
     queries = 4 if return_sequences else 1
     assert out.internals.attention.shape == (5, 3, 4, queries, 4)  # K_eff = min(K, T) = 4
     torch.testing.assert_close(out.internals.attention.sum(-1), torch.ones(5, 3, 4, queries))
+
+
+def test_attention_per_position_scatters_each_heads_top_k_back_to_frames():
+    layer = make_nsac("corrected", topk=3, output_dim=3)  # K < T: heads select different keys
+    internals = layer(inputs(batch=2, length=6), samples=4, return_internals=True).internals
+    summary = attention_per_position(internals, 6)
+    assert summary.shape == (2, 6)
+    torch.testing.assert_close(summary.sum(-1), torch.ones(2))  # softmax per head, mean over heads
+    weights, index = internals.attention[:, :, :, -1].mean(0), internals.key_index[:, :, -1]
+    for b in range(2):  # the same by hand, one head and key at a time
+        expected = torch.zeros(6)
+        for h in range(index.shape[1]):
+            for k in range(index.shape[2]):
+                expected[index[b, h, k]] += weights[b, h, k] / index.shape[1]
+        torch.testing.assert_close(summary[b], expected)
+        unselected = set(range(6)) - set(index[b].flatten().tolist())
+        assert all(summary[b, j] == 0 for j in unselected)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -329,3 +346,13 @@ def test_nac_exact_logits_follow_the_ode_solution():
     layer = NAC(NACConfig(input_dim=4, d_model=8, num_heads=2))
     phi, rate, tau = torch.tensor(0.4), torch.tensor(1.5), torch.tensor(0.6)
     assert float(layer.logits(phi, rate, tau)) == pytest.approx(0.4 / 1.5 * (1 - math.exp(-0.9)))
+
+
+def test_nsac_head_predictions_carry_the_attention_summary():
+    from controllers.heads import NSACHead
+
+    torch.manual_seed(0)
+    head = NSACHead(NSACConfig(input_dim=12, d_model=16, num_heads=4, topk=8, output_dim=3))
+    prediction = head.predict(inputs(batch=2, length=4), torch.ones(2, 4), samples=5)
+    assert prediction.attention.shape == (2, 4)
+    torch.testing.assert_close(prediction.attention.sum(-1), torch.ones(2))
