@@ -29,6 +29,12 @@ from envs.observation import preprocess_observation
 from envs.state import PrivilegedState
 
 
+def history_indices(newest: int, offsets: np.ndarray) -> list[int]:
+    """Positions in a frame history of the T frames the network sees when frame ``newest`` is the
+    latest, oldest first (start of episode: the first frame repeated)."""
+    return [max(newest + int(offset), 0) for offset in offsets]
+
+
 class ControllerAgent:
     """An :class:`agents.base.Agent` that acts with the predictive mean of a trained controller."""
 
@@ -59,10 +65,8 @@ class ControllerAgent:
                 "model": self.train_config.model.model}
 
     def history_indices(self) -> list[int]:
-        """Positions in the frame history of the T frames the network sees now, oldest first
-        (start of episode: the first frame repeated)."""
-        newest = len(self.frames) - 1
-        return [max(newest + int(offset), 0) for offset in self.offsets]
+        """Positions in the frame history of the T frames the network sees now (:func:`history_indices`)."""
+        return history_indices(len(self.frames) - 1, self.offsets)
 
     def sequence(self) -> np.ndarray:
         """The T raw frames the network sees now, oldest first."""

@@ -60,14 +60,19 @@ class TrackMap:
         return cls(centreline=centre, road=road)
 
 
-def track_map(colour_preset: str, track_seed: int) -> TrackMap:
-    """The track an episode drove on, regenerated from its seed (render-free, no pixels drawn)."""
+def env_track(colour_preset: str, track_seed: int) -> np.ndarray:
+    """``env.unwrapped.track`` rows (alpha, beta, x, y) of a seed, regenerated render-free."""
     env = make_car_racing(colour_preset=colour_preset, render_observations=False)
     try:
         env.reset(seed=int(track_seed))
-        return TrackMap.from_env_track(np.asarray(env.unwrapped.track))
+        return np.asarray(env.unwrapped.track, dtype=np.float64)
     finally:
         env.close()
+
+
+def track_map(colour_preset: str, track_seed: int) -> TrackMap:
+    """The track an episode drove on, regenerated from its seed (render-free, no pixels drawn)."""
+    return TrackMap.from_env_track(env_track(colour_preset, track_seed))
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -105,28 +110,28 @@ def write_episode_figures(eval_dir: Path, episode_id: str, out_dir: Path) -> lis
              f"{record['steps']} steps, {record['reason']}")
     out_dir = Path(out_dir)
     return [
-        _save(path_figure(track, arrays, title), out_dir / f"{episode_id}_path.png"),
-        _save(actions_figure(arrays, title), out_dir / f"{episode_id}_actions.png"),
-        _save(uncertainty_figure(arrays, title), out_dir / f"{episode_id}_uncertainty.png"),
+        save_figure(path_figure(track, arrays, title), out_dir / f"{episode_id}_path.png"),
+        save_figure(actions_figure(arrays, title), out_dir / f"{episode_id}_actions.png"),
+        save_figure(uncertainty_figure(arrays, title), out_dir / f"{episode_id}_uncertainty.png"),
     ]
 
 
 def path_figure(track: TrackMap, arrays: dict[str, np.ndarray], title: str) -> Figure:
     """Three track maps of the driven path: |lateral error|, steering std, executed steering."""
-    fig = _figure(figsize=(16, 5.4))
+    fig = new_figure(figsize=(16, 5.4))
     lateral = np.abs(arrays["lateral_error"])
     axes = fig.subplots(1, 3)
-    _path_panel(axes[0], track, arrays["pose"], lateral, "|lateral error| (world units)", "magma_r",
+    path_panel(axes[0], track, arrays["pose"], lateral, "|lateral error| (world units)", "magma_r",
                 Normalize(0.0, max(float(lateral.max()), TRACK_HALF_WIDTH)), edge=TRACK_HALF_WIDTH)
     std = predictive_std(arrays)[:, 0]
-    _path_panel(axes[1], track, arrays["pose"], std, "predictive steering std", "viridis", Normalize(0.0, float(std.max()) or 1.0))
-    _path_panel(axes[2], track, arrays["pose"], arrays["executed_action"][:, 0], "executed steer (+ right)", "coolwarm",
+    path_panel(axes[1], track, arrays["pose"], std, "predictive steering std", "viridis", Normalize(0.0, float(std.max()) or 1.0))
+    path_panel(axes[2], track, arrays["pose"], arrays["executed_action"][:, 0], "executed steer (+ right)", "coolwarm",
                 Normalize(-1.0, 1.0))
     fig.suptitle(title)
     return fig
 
 
-def _path_panel(ax: Axes, track: TrackMap, pose: np.ndarray, values: np.ndarray, label: str, cmap: str,
+def path_panel(ax: Axes, track: TrackMap, pose: np.ndarray, values: np.ndarray, label: str, cmap: str,
                 norm: Normalize, edge: float | None = None) -> None:
     """Road as a grey band, centreline dashed, the path as dots coloured by ``values``, start starred;
     zoomed to the path so that short episodes stay visible."""
@@ -150,7 +155,7 @@ def _path_panel(ax: Axes, track: TrackMap, pose: np.ndarray, values: np.ndarray,
 
 def actions_figure(arrays: dict[str, np.ndarray], title: str) -> Figure:
     """Steer, gas, brake per step: raw mean ± 2σ, executed, and the expert's action."""
-    fig = _figure(figsize=(12, 8))
+    fig = new_figure(figsize=(12, 8))
     steps = np.arange(len(arrays["raw_action"]))
     std = predictive_std(arrays)
     axes = fig.subplots(3, 1, sharex=True)
@@ -172,7 +177,7 @@ def actions_figure(arrays: dict[str, np.ndarray], title: str) -> Figure:
 
 def uncertainty_figure(arrays: dict[str, np.ndarray], title: str) -> Figure:
     """Steering std against |lateral error| per step, coloured by step, with Spearman ρ."""
-    fig = _figure(figsize=(7, 5.5))
+    fig = new_figure(figsize=(7, 5.5))
     ax = fig.subplots()
     std = predictive_std(arrays)[:, 0]
     lateral = np.abs(arrays["lateral_error"])
@@ -194,7 +199,7 @@ def write_evaluation_figures(eval_dir: Path, out_dir: Path) -> list[Path]:
     """``evaluation.png``: success rate per controller and preset, and the score distribution."""
     settings = load_aggregates(Path(eval_dir))
     records = load_records(Path(eval_dir))
-    return [_save(evaluation_figure(settings, records, Path(eval_dir).name), Path(out_dir) / "evaluation.png")]
+    return [save_figure(evaluation_figure(settings, records, Path(eval_dir).name), Path(out_dir) / "evaluation.png")]
 
 
 def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], title: str) -> Figure:
@@ -204,7 +209,7 @@ def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], t
     presets = list(dict.fromkeys(r["colour_preset"] for r in rows))
     labels = sorted({group_label(r) for r in rows})
     width = 0.8 / len(labels)
-    fig = _figure(figsize=(max(8.0, 2.5 * len(presets) * len(labels) ** 0.5 + 4), 5))
+    fig = new_figure(figsize=(max(8.0, 2.5 * len(presets) * len(labels) ** 0.5 + 4), 5))
     success_ax, score_ax = fig.subplots(1, 2)
     jitter = np.random.default_rng(0)
     for i, label in enumerate(labels):
@@ -237,17 +242,45 @@ def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], t
     return fig
 
 
+# --------------------------------------------------------------------------- offline table
+
+OFFLINE_METRICS = ("mse", "nll", "crps", "mace", "sharpness", "ause", "spearman", "ood_auroc")
+
+
+def offline_figure(rows: list[dict[str, Any]], title: str) -> Figure:
+    """The offline table (``eval.offline.table_rows``) as bars: one panel per metric, actions on the
+    x axis, one bar per (model, condition); metrics a condition lacks (AUROC on clean) are left out."""
+    groups = list(dict.fromkeys((r["model"], r["run"], r["condition"]) for r in rows))
+    actions = list(dict.fromkeys(r["action"] for r in rows))
+    width = 0.8 / len(groups)
+    fig = new_figure(figsize=(16, 7))
+    axes = fig.subplots(2, len(OFFLINE_METRICS) // 2).ravel()
+    for ax, metric in zip(axes, OFFLINE_METRICS):
+        for i, group in enumerate(groups):
+            mine = {r["action"]: r.get(metric) for r in rows if (r["model"], r["run"], r["condition"]) == group}
+            x = [a + (i - (len(groups) - 1) / 2) * width for a, action in enumerate(actions) if mine.get(action) is not None]
+            heights = [float(mine[action]) for action in actions if mine.get(action) is not None]
+            ax.bar(x, heights, width * 0.9, color=f"C{i}", label=f"{group[0]} ({group[1]}), {group[2]}")
+        ax.set_xticks(range(len(actions)), actions)
+        ax.set_title(metric)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    return fig
+
+
 # --------------------------------------------------------------------------- output
 
 
-def _figure(figsize: tuple[float, float]) -> Figure:
+def new_figure(figsize: tuple[float, float]) -> Figure:
     """A stand-alone figure on the Agg canvas (never registered with pyplot)."""
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as a PNG atomically (a reader never sees half a file); returns ``path``."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
     return path

@@ -13,7 +13,9 @@ renamed into place.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -49,19 +51,32 @@ def write_episode_video(eval_dir: Path, episode_id: str, out_path: Path, fps: in
     ``max_steps``, the throttle cap and the draws per prediction come from the evaluation's
     ``aggregates.json``; ``samples`` overrides the latter (folders written before it was recorded).
     """
-    record, logged = load_episode(Path(eval_dir), episode_id)
-    settings = load_aggregates(Path(eval_dir))
-    key = EpisodeKey(record["run"], record["colour_preset"], record["track_seed"], record["repeat"])
-    frames: list[np.ndarray] = []
-    samples = samples if samples is not None else settings.get("samples")
-    redriven, arrays = run_episode(key, settings["max_steps"], samples, settings["throttle_cap"],
-                                   on_frame=lambda frame: frames.append(np.array(frame)))
-    if redriven.failed:
-        raise EvaluationError(f"{episode_id}: re-driving the episode failed ({redriven.reason})")
-    check_same_actions(episode_id, logged["executed_action"], arrays["executed_action"])
+    arrays, frames = redrive_episode(eval_dir, episode_id, samples)
     images = [annotate(frame, arrays, step, scale) for step, frame in enumerate(frames)]
     write_mp4(images, Path(out_path), fps)
     return Path(out_path)
+
+
+def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None, run: str | Path | None = None,
+                    on_agent: Callable[[Any], None] | None = None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Re-drive one logged episode with the evaluation's settings: its per-step arrays and every raw
+    frame the controller saw, after checking that the executed actions match the log.
+
+    ``run`` replaces the run folder recorded in the episode (an evaluation read from another
+    working directory); ``on_agent`` is passed to :func:`eval.closed_loop.run_episode`.
+    """
+    record, logged = load_episode(Path(eval_dir), episode_id)
+    settings = load_aggregates(Path(eval_dir))
+    key = EpisodeKey(str(run if run is not None else record["run"]), record["colour_preset"], record["track_seed"],
+                     record["repeat"])
+    frames: list[np.ndarray] = []
+    samples = samples if samples is not None else settings.get("samples")
+    redriven, arrays = run_episode(key, settings["max_steps"], samples, settings["throttle_cap"],
+                                   on_frame=lambda frame: frames.append(np.array(frame)), on_agent=on_agent)
+    if redriven.failed:
+        raise EvaluationError(f"{episode_id}: re-driving the episode failed ({redriven.reason})")
+    check_same_actions(episode_id, logged["executed_action"], arrays["executed_action"])
+    return arrays, frames
 
 
 def check_same_actions(episode_id: str, logged: np.ndarray, redriven: np.ndarray) -> None:

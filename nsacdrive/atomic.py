@@ -7,6 +7,7 @@ a half-written file. Temporary files carry the suffix ``.partial`` so a resume c
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -45,6 +46,29 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_write_npz(path: str | os.PathLike[str], arrays: dict[str, Any]) -> None:
+    """A compressed ``.npz`` of named arrays, written atomically."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and ±inf → None in nested dicts and lists, so the file is standard JSON (browsers and
+    most tools reject ``NaN``)."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def remove_partial_files(folder: str | os.PathLike[str]) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def single_threaded_worker() -> None:
@@ -17,3 +19,17 @@ def single_threaded_worker() -> None:
         os.environ[name] = "1"
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run a block with ``count`` torch compute threads (batch-1 driving in the main process, e.g.
+    re-driving episodes for a report), then restore the previous number."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
