@@ -277,6 +277,36 @@ def plot(
 
 
 @app.command()
+def report(
+    eval_dir: Path = typer.Argument(..., help="Evaluation folder written by `nsacdrive eval --out`."),
+    out: Path = typer.Option(..., "--out", help="Report folder: index.html, figures/, data/."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run to explain: its name in the evaluation or its folder (default: the evaluation's only run)."),
+    offline: Optional[Path] = typer.Option(None, "--offline", help="An `nsacdrive evaluate-offline --out` folder whose table to include."),
+    episodes: Optional[str] = typer.Option(None, "--episodes", help="Comma-separated episode ids to explain (default: the run's best-scoring track, clean and perturbed)."),
+    frames: int = typer.Option(4, "--frames", min=1, help="Grad-CAM frames sampled along the lap."),
+    perturbation: Optional[str] = typer.Option(None, "--perturbation", help="Colour preset of the perturbed Grad-CAM frames (default: the evaluation's first non-default preset, else shift-3)."),
+) -> None:
+    """Static HTML report: closed-loop and offline tables, Grad-CAM with a sanity check, neuron-level potentials."""
+    from eval.report import ReportConfig, write_report
+
+    if perturbation is not None:
+        named = _presets(perturbation)
+        if len(named) != 1:
+            raise typer.BadParameter(f"--perturbation: name one preset, got {perturbation!r}")
+        perturbation = named[0]
+        if perturbation == "default":
+            raise typer.BadParameter("--perturbation: choose a preset other than 'default' (the clean frames)")
+    chosen = tuple(e.strip() for e in episodes.split(",") if e.strip()) if episodes is not None else None
+    config = ReportConfig(run=run, offline=offline, episodes=chosen or None, frames=frames, perturbation=perturbation)
+    try:
+        index = write_report(eval_dir, out, config)
+    except ValueError as exc:  # EvaluationError, CheckpointError and bad folders are ValueErrors
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"report → {index}")
+
+
+@app.command()
 def dagger(
     init: Path = typer.Option(..., "--init", help="Behaviour-cloned run folder every round starts from (round 0)."),
     out: Path = typer.Option(..., "--out", help="DAgger folder: dagger.json, data/round-k, runs/round-k, report.json."),
