@@ -173,18 +173,29 @@ def test_grad_cam_refuses_the_published_encoder_map():
         grad_cam(model, inputs)
 
 
-def test_levy_run_gives_evidence_disagreement_and_deviation_traces(data, tmp_path):
-    run = _train(tmp_path / "run", data, "levy")
+@pytest.mark.parametrize("model, kind, names", [
+    ("levy", "levy", [f"{signal}_{action}" for signal in ("evidence", "disagreement", "deviation")
+                      for action in ("steer", "gas", "brake")]),
+    ("gmle", "nac", ["attention_entropy", "attention_newest", "attention_newest_draw_std", "inter", "command", "motor"]),
+    ("sdenet", "none", []),
+])
+def test_internals_of_other_heads(data, tmp_path, model, kind, names):
+    """Lévy gives evidence/disagreement/σ̂ traces, NAC-based heads circuit groups and attention,
+    heads without an attention circuit nothing (and a reason)."""
+    run = _train(tmp_path / "run", data, model)
     evaluate_closed_loop([run], [3], ["default"], 1, tmp_path / "eval", max_steps=20, progress=False)
     recorder = InternalsRecorder()
     redrive_episode(tmp_path / "eval", "run_default_seed000003_r0", on_agent=recorder.attach)
     traces = recorder.traces()
-    assert recorder.kind == "levy"
-    for signal in ("evidence", "disagreement", "deviation"):
-        for action in ("steer", "gas", "brake"):
-            values = traces[f"{signal}_{action}"]
-            assert values.shape == (20,) and np.all(np.isfinite(values)), (signal, action)
-    assert np.all(traces["evidence_steer"] > 0) and np.all(traces["deviation_steer"] >= 0)
+    assert recorder.kind == kind and sorted(traces) == sorted(names)
+    for name in names:
+        assert traces[name].shape == (20,) and np.all(np.isfinite(traces[name])), name
+    if kind == "levy":
+        assert np.all(traces["evidence_steer"] > 0) and np.all(traces["deviation_steer"] >= 0)
+    if kind == "nac":
+        np.testing.assert_allclose(recorder.neurons()["attention_per_frame"].sum(1), 1.0, atol=1e-5)
+    if kind == "none":
+        assert "no attention circuit" in recorder.reason
 
 
 def test_cli_report_exits_2_with_a_message_on_a_bad_folder(tmp_path, nsac_eval):
