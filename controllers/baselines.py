@@ -157,29 +157,36 @@ class EnsembleController(nn.Module):
         for k in range(config.members):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(base_seed + k)
-                members.append(Controller(make_encoder(config.encoder), GMLEHead(config.nac_config())))
+                members.append(Controller(make_encoder(config.encoder), GMLEHead(config.nac_config()),
+                                          config.encoder.token_dim, config.speed_input))
         self.members = nn.ModuleList(members)
 
     def member_parameters(self, k: int) -> Iterator[nn.Parameter]:
         return self.members[k].parameters()
 
     def member_loss(self, k: int, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
-                    perturb: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                    perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Loss terms of member k alone (for trainers that give each member its own data order)."""
-        return self.members[k].training_loss(frames, timestamps, target, perturb)
+        return self.members[k].training_loss(frames, timestamps, target, perturb, speed)
 
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
-                      perturb: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                      perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``total`` = Σ_k member loss on the same batch; ``member{k}`` (detached) for logging."""
-        losses = [member.training_loss(frames, timestamps, target, perturb)["total"] for member in self.members]
+        losses = [member.training_loss(frames, timestamps, target, perturb, speed)["total"] for member in self.members]
         terms = {"total": torch.stack(losses).sum()}
         terms.update({f"member{k}": loss.detach() for k, loss in enumerate(losses)})
         return terms
 
+    @property
+    def speed_input(self) -> bool:
+        return self.members[0].speed_input
+
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+    def encode(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
         """Every member's tokens, stacked: [M, B, T, D] (cacheable per frame like :meth:`Controller.encode`)."""
-        return torch.stack([member.encode(frames) for member in self.members])
+        return torch.stack([member.encode(frames, speed) for member in self.members])
 
     @torch.no_grad()
     def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
@@ -191,9 +198,10 @@ class EnsembleController(nn.Module):
         return UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False))
 
     @torch.no_grad()
-    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
+    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,
+                speed: torch.Tensor | None = None) -> UncertainPrediction:
         """Uniform Gaussian mixture of the members' predictions for ``frames``."""
-        return self.predict_tokens(self.encode(frames), timestamps, samples)
+        return self.predict_tokens(self.encode(frames, speed), timestamps, samples)
 
 
 # ------------------------------------------------------------------- Deep Evidential Regression

@@ -1,4 +1,12 @@
-"""A controller = per-frame image encoder + uncertainty head, from preprocessed frames to actions."""
+"""A controller = per-frame image encoder + uncertainty head, from preprocessed frames to actions.
+
+Optionally (``speed_input``) each frame's token also carries the car's measured forward speed
+at that frame — the speedometer a real car has and CarRacing's HUD shows (the HUD is cropped
+from the frames, see :func:`envs.preprocess_observation`). Without it the pedals must be
+inferred from frame-to-frame motion alone, and closed-loop speed control is where behaviour
+cloning fails (README, *Closed-loop results*): speed is what the conditional imitation
+learning line of work (Codevilla et al. 2018) feeds beside the camera for the same reason.
+"""
 
 from __future__ import annotations
 
@@ -17,33 +25,55 @@ def head_times(timestamps: torch.Tensor) -> torch.Tensor:
     return 1.0 + timestamps
 
 
-class Controller(nn.Module):
-    """frames [B, T, 3, 84, 96] + timestamps [B, T] → (steer, gas, brake) with uncertainty."""
+#: Speeds are divided by this (world units/s) before their embedding: CarRacing speeds are 0–~140.
+SPEED_SCALE = 100.0
 
-    def __init__(self, encoder: nn.Module, head: UncertaintyHead) -> None:
+
+class Controller(nn.Module):
+    """frames [B, T, 3, 84, 96] + timestamps [B, T] (+ speeds [B, T]) → (steer, gas, brake) with uncertainty."""
+
+    def __init__(self, encoder: nn.Module, head: UncertaintyHead, token_dim: int | None = None, speed_input: bool = False) -> None:
         super().__init__()
+        if speed_input and token_dim is None:
+            raise ValueError("speed_input needs the encoder's token_dim")
         self.encoder = encoder
         self.head = head
+        self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
+
+    @property
+    def speed_input(self) -> bool:
+        return self.speed_embedding is not None
+
+    def tokens(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens [B, T, D] (with gradients): each frame encoded on its own, plus its speed embedding."""
+        tokens = self.encoder(frames)
+        if self.speed_embedding is None:
+            return tokens
+        if speed is None or speed.shape != tokens.shape[:2]:
+            got = None if speed is None else tuple(speed.shape)
+            raise ValueError(f"this controller reads the measured speed: pass speed of shape {tuple(tokens.shape[:2])}, got {got}")
+        return tokens + self.speed_embedding((speed.to(tokens) / SPEED_SCALE)[..., None])
 
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
-                      perturb: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Loss terms; ``perturb`` makes the perturbed frames for heads that need them."""
+                      perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Loss terms; ``perturb`` makes the perturbed frames for heads that need them (speeds stay)."""
         if target.dim() != 2:
             check_targets(torch.empty(target.shape[0], 3), target)
-        tokens = self.encoder(frames)
+        tokens = self.tokens(frames, speed)
         times = head_times(timestamps)
         perturbed = None
         if self.head.uses_perturbed_inputs:
             if perturb is None:
                 raise ValueError(f"{type(self.head).__name__} needs a perturbation function for training")
             with frozen_batchnorm_statistics(self.encoder):
-                perturbed = self.encoder(perturb(frames))
+                perturbed = self.tokens(perturb(frames), speed)
         return self.head.training_loss(tokens, times, target, perturbed)
 
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+    def encode(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens [B, T, D]; frames are encoded independently, so tokens can be cached per frame."""
-        return self.encoder(frames)
+        return self.tokens(frames, speed)
 
     @torch.no_grad()
     def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
@@ -51,6 +81,7 @@ class Controller(nn.Module):
         return self.head.predict(tokens, head_times(timestamps), samples)
 
     @torch.no_grad()
-    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
+    def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,
+                speed: torch.Tensor | None = None) -> UncertainPrediction:
         """Mean, aleatoric and epistemic variance per action; the encoder runs once."""
-        return self.predict_tokens(self.encode(frames), timestamps, samples)
+        return self.predict_tokens(self.encode(frames, speed), timestamps, samples)

@@ -37,6 +37,7 @@ class ModelConfig:
     sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
     levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
     levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
+    speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_BUILDERS:
@@ -113,4 +114,5 @@ def build_controller(config: ModelConfig) -> nn.Module:
     """A fresh, randomly initialised controller (seed the global RNG first for determinism)."""
     if config.model == "ensemble":
         return EnsembleController(config)
-    return Controller(make_encoder(config.encoder), MODEL_BUILDERS[config.model](config))
+    return Controller(make_encoder(config.encoder), MODEL_BUILDERS[config.model](config), config.encoder.token_dim,
+                      config.speed_input)

@@ -213,7 +213,7 @@ class Trainer:
                 break
             frames = colour_augment(batch["frames"], cfg.augment, augment_rng).to(self.device)
             terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
-                                             perturb=self._perturb(perturb_rng))
+                                             perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
             self.optimizer.zero_grad(set_to_none=True)
             terms["total"].backward()
             self._clip_gradients()
@@ -245,7 +245,8 @@ class Trainer:
             if self.config.max_val_batches is not None and index >= self.config.max_val_batches:
                 break
             terms = self.model.training_loss(batch["frames"].to(self.device), batch["timestamps"].to(self.device),
-                                             batch["action"].to(self.device), perturb=self._perturb(perturb_rng))
+                                             batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
+                                             speed=batch["speed"].to(self.device))
             total += float(terms["total"]) * len(batch["action"])
             count += len(batch["action"])
         return total / count

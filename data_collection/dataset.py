@@ -73,6 +73,7 @@ class EpisodeRecord:
     sidecar: dict[str, Any]
     actions: np.ndarray  # labels used as targets: the expert's action at each step
     executed_actions: np.ndarray
+    speed: np.ndarray  # measured forward speed at every frame (n_steps + 1)
 
     @property
     def n_steps(self) -> int:
@@ -114,7 +115,7 @@ def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterabl
             continue
         if presets is not None and sidecar["colour_preset"] not in presets:
             continue
-        records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"]))
+        records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"]))
     return records
 
 
@@ -129,10 +130,11 @@ def sequence_timestamps(sequence_length: int, frame_stride: int) -> np.ndarray:
 
 
 class SequenceDataset(Dataset):
-    """Samples ``(frames[T,3,84,96], action[3], action_sequence[T,3], timestamps[T])``.
+    """Samples ``(frames[T,3,84,96], action[3], action_sequence[T,3], timestamps[T], speed[T])``.
 
     ``timestamps`` are seconds relative to the newest frame (…, −2·stride/50, −stride/50, 0);
-    the target ``action`` is the expert label at the newest frame.
+    the target ``action`` is the expert label at the newest frame; ``speed`` is the car's measured
+    forward speed at each frame (for controllers with ``speed_input``).
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class SequenceDataset(Dataset):
             "frames": torch.from_numpy(frames),
             "action": torch.from_numpy(labels[step].copy()),
             "action_sequence": torch.from_numpy(labels[steps].copy()),
+            "speed": torch.from_numpy(self.episodes[episode].speed[steps].astype(np.float32)),
             "timestamps": self.timestamps,
             "episode": torch.tensor(episode),
             "step": torch.tensor(step),

@@ -72,14 +72,16 @@ class ControllerAgent:
         """The T raw frames the network sees now, oldest first."""
         return np.stack([self.frames[i] for i in self.history_indices()])
 
-    def predict(self, observation: np.ndarray) -> UncertainPrediction:
+    def predict(self, observation: np.ndarray, speed: float | None = None) -> UncertainPrediction:
+        """Predict from the newest frame (and, for controllers with ``speed_input``, the measured speed)."""
         self.frames.append(np.asarray(observation))
         newest = torch.from_numpy(preprocess_observation(self.frames[-1][None]))[None].to(self.device)
-        self.tokens.append(self.model.encode(newest))
+        speeds = None if speed is None else torch.full((1, 1), float(speed), device=self.device)
+        self.tokens.append(self.model.encode(newest, speeds))
         tokens = torch.cat([self.tokens[i] for i in self.history_indices()], dim=-2)
         self.last_prediction = self.model.predict_tokens(tokens, self.timestamps, samples=self.samples)
         return self.last_prediction
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
-        prediction = self.predict(observation)
+        prediction = self.predict(observation, state.pose.forward_speed if self.model.speed_input else None)
         return clip_to_box(prediction.mean[0]).cpu().numpy().astype(np.float32)

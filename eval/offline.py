@@ -48,7 +48,7 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
     torch.manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": []}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples)
+        prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
         parts["mean"].append(prediction.mean.numpy())
         parts["aleatoric"].append(prediction.aleatoric.numpy())

@@ -295,7 +295,7 @@ class Report:
             maps: dict[str, tuple[Drive, list[int], SaliencyInputs, GradCamMaps]] = {}
             for drive in (clean, perturbed):
                 steps = sample_steps(len(drive.frames), self.config.frames)
-                inputs = self._inputs(drive.frames, steps)
+                inputs = self._inputs(drive.frames, drive.arrays["speed"], steps)
                 maps[drive.preset] = (drive, steps, inputs, grad_cam(self.model, inputs, config))
             _, _, clean_inputs, reference = maps[clean.preset]
             check = sanity_check(self.model, clean_inputs, reference, config, seed=self.config.noise_seed)
@@ -332,11 +332,12 @@ class Report:
         ]
         return "\n".join(parts)
 
-    def _inputs(self, frames: list[np.ndarray], steps: list[int]) -> SaliencyInputs:
+    def _inputs(self, frames: list[np.ndarray], speeds: np.ndarray, steps: list[int]) -> SaliencyInputs:
         length, stride = self.train_config.sequence_length, self.train_config.frame_stride
         offsets = sequence_offsets(length, stride)
         sequences = np.stack([np.stack([frames[i] for i in history_indices(step, offsets)]) for step in steps])
-        return SaliencyInputs.from_sequences(sequences, sequence_timestamps(length, stride))
+        speed = np.stack([speeds[history_indices(step, offsets)] for step in steps])
+        return SaliencyInputs.from_sequences(sequences, sequence_timestamps(length, stride), speed)
 
     def _potentials_section(self) -> str:
         parts = ["<h2>4. Neuron-level potentials</h2>",

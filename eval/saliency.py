@@ -80,18 +80,21 @@ class SaliencyConfig:
 @dataclass
 class SaliencyInputs:
     """What the controller sees at N chosen steps: the newest preprocessed frame [N, 3, 84, 96],
-    the older frames [N, T−1, 3, 84, 96] and the head's timestamps [N, T] (seconds, 0 = newest)."""
+    the older frames [N, T−1, 3, 84, 96], the head's timestamps [N, T] (seconds, 0 = newest) and,
+    for controllers with ``speed_input``, the measured speed at every frame [N, T]."""
 
     newest: torch.Tensor
     older: torch.Tensor
     timestamps: torch.Tensor
+    speed: torch.Tensor | None = None
 
     @classmethod
-    def from_sequences(cls, sequences: np.ndarray, timestamps: np.ndarray) -> SaliencyInputs:
-        """From raw uint8 frame sequences [N, T, 96, 96, 3] (oldest first) and timestamps [T]."""
+    def from_sequences(cls, sequences: np.ndarray, timestamps: np.ndarray, speeds: np.ndarray | None = None) -> SaliencyInputs:
+        """From raw uint8 frame sequences [N, T, 96, 96, 3] (oldest first), timestamps [T] and speeds [N, T]."""
         frames = torch.from_numpy(preprocess_observation(sequences))
         times = torch.from_numpy(np.asarray(timestamps, dtype=np.float32)).expand(len(frames), -1).contiguous()
-        return cls(frames[:, -1], frames[:, :-1], times)
+        speed = None if speeds is None else torch.from_numpy(np.asarray(speeds, dtype=np.float32))
+        return cls(frames[:, -1], frames[:, :-1], times, speed)
 
 
 @dataclass
@@ -139,14 +142,15 @@ def gradcam_layer(model: nn.Module) -> nn.Conv2d:
 def explained_outputs(model: Controller, inputs: SaliencyInputs, config: SaliencyConfig) -> Callable[[torch.Tensor], torch.Tensor]:
     """newest frames [N, 3, 84, 96] → the target scalars [N, len(TARGETS)], differentiable, with the
     older frames' tokens fixed and every random draw made under ``config.noise_seed``."""
+    speed = inputs.speed if model.speed_input else None
     with torch.no_grad():
-        older_tokens = model.encoder(inputs.older)
+        older_tokens = model.tokens(inputs.older, None if speed is None else speed[:, :-1])
     times = head_times(inputs.timestamps)
 
     def forward(newest: torch.Tensor) -> torch.Tensor:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.noise_seed)
-            tokens = torch.cat([older_tokens, model.encoder(newest[:, None])], dim=1)
+            tokens = torch.cat([older_tokens, model.tokens(newest[:, None], None if speed is None else speed[:, -1:])], dim=1)
             prediction = model.head.predict(tokens, times, config.samples)
         steer_std = prediction.total[:, :1].clamp_min(1e-12).sqrt()
         return torch.cat([prediction.mean, steer_std], dim=1)

@@ -62,8 +62,8 @@ def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tm
 
     original = driver.ControllerAgent.predict
 
-    def broken(self, observation):
-        prediction = original(self, observation)
+    def broken(self, observation, speed=None):
+        prediction = original(self, observation, speed)
         if self.frames and len(self.frames) >= 5:
             prediction.mean[:] = float("nan")
         return prediction

@@ -134,9 +134,11 @@ def test_closed_loop_path_matches_the_dataset_path(dataset, tmp_path, model):
         agent.act(observations[t], None)
     torch.manual_seed(0)
     online = agent.predict(observations[step])
-    torch.testing.assert_close(online.mean, offline.mean, rtol=0, atol=0)
-    torch.testing.assert_close(online.aleatoric, offline.aleatoric, rtol=0, atol=0)
-    torch.testing.assert_close(online.epistemic, offline.epistemic, rtol=0, atol=0)
+    # the agent encodes one frame at a time (cached tokens), the dataset path all T at once:
+    # same numbers up to float rounding of differently batched convolutions
+    torch.testing.assert_close(online.mean, offline.mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(online.aleatoric, offline.aleatoric, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(online.epistemic, offline.epistemic, rtol=1e-4, atol=1e-8)
 
 
 def test_bad_training_configs_raise(dataset, tmp_path):
