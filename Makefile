@@ -59,6 +59,7 @@ bench: install bench-deps
 	$(PY) bench/nsac_speed.py
 	$(PY) bench/levy_speed.py
 	$(PY) bench/training_speed.py
+	$(PY) bench/closed_loop_speed.py
 
 clean:
 	rm -rf data/demo runs/demo-nsac runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache
