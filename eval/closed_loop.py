@@ -16,7 +16,8 @@ to the action box; with ``throttle_cap=c`` the gas is additionally scaled by
 min(1, c / σ_steer), σ_steer the predictive steering std, so the car slows down when it is
 unsure where to steer.
 
-Aggregates per (model, preset): success rate (lap finished) as mean ± std over repeats, the
+Aggregates per (model, preset): success rate (lap finished) as mean ± std over evaluation runs
+(``--runs``; each pools ``--trials`` episodes per track and preset), the
 rates of score ≥ 900 and ≥ 860 (the published criterion), mean score, mean |lateral error|, and
 a CARLA-style driving score = route completion (fraction of tiles visited) × 0.8^(off-road
 events) × (0.5 if the car left the playfield).
@@ -207,20 +208,22 @@ def _episode_worker(key: EpisodeKey, out_dir: str, max_steps: int, samples: int 
     return data
 
 
-def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, run, preset): success mean ± std over repeats and the other aggregates."""
+def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, Any]]:
+    """Per (model, run, preset): success mean ± std over evaluation runs and the other aggregates.
+
+    Episode ``repeat`` k belongs to evaluation run k // ``trials`` (each run pools its trials)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["model"], Path(r["run"]).name, r["colour_preset"]), []).append(r)
     rows = []
     for (model, run, preset), items in sorted(groups.items()):
-        repeats = sorted({r["repeat"] for r in items})
-        per_repeat = [np.mean([r["lap_finished"] for r in items if r["repeat"] == k]) for k in repeats]
+        runs = sorted({r["repeat"] // trials for r in items})
+        per_run = [np.mean([r["lap_finished"] for r in items if r["repeat"] // trials == k]) for k in runs]
         scores = np.array([r["score"] for r in items])
         ok = [r for r in items if not r["failed"]]
         rows.append({
             "model": model, "run": run, "colour_preset": preset, "episodes": len(items), "failed": len(items) - len(ok),
-            "success_mean": float(np.mean(per_repeat)), "success_std": float(np.std(per_repeat)),
+            "success_mean": float(np.mean(per_run)), "success_std": float(np.std(per_run)),
             "score_ge_900": float(np.mean(scores >= 900)), "score_ge_860": float(np.mean(scores >= 860)),
             "score_mean": float(scores.mean()),
             "mean_abs_lateral_error": float(np.mean([r["mean_abs_lateral_error"] for r in ok])) if ok else math.nan,
@@ -232,13 +235,19 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str], repeats: int, out_dir: Path,
                          max_steps: int = 1000, workers: int = 1, samples: int | None = None,
                          cap: float | None = None, resume: bool = False, progress: bool = True,
-                         backend: str = "process", address: str | None = None) -> list[dict[str, Any]]:
+                         backend: str = "process", address: str | None = None, trials: int = 1) -> list[dict[str, Any]]:
     """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
+
+    ``repeats`` evaluation runs of ``trials`` episodes per (seed, preset) each: episode repeat
+    k = run·trials + trial seeds the controller RNG; success is mean ± std over the runs.
 
     ``backend``/``address`` choose where episodes run (``eval.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
     """
-    keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds for repeat in range(repeats)]
+    if repeats < 1 or trials < 1:
+        raise ValueError(f"--runs and --trials must be >= 1, got {repeats} and {trials}")
+    keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds
+            for repeat in range(repeats * trials)]
     folder = out_dir / "episodes"
     done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
     if done and not resume:
@@ -255,8 +264,8 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     writer.writeheader()
     writer.writerows(records)
     atomic_write_bytes(out_dir / "summary.csv", buffer.getvalue().encode())
-    rows = aggregate(records)
+    rows = aggregate(records, trials)
     atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
                                                      "samples": samples, "seeds": seeds, "colour_presets": presets,
-                                                     "repeats": repeats})
+                                                     "repeats": repeats, "trials": trials})
     return rows

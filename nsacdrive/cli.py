@@ -205,7 +205,8 @@ def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
     seeds: str = typer.Option("42,1000-1009", "--seeds", help="Held-out track seeds (the same for every model: paired episodes)."),
     colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated colour presets."),
-    repeats: int = typer.Option(1, "--runs", min=1, help="Repeats of every (seed, preset) with a different controller RNG seed."),
+    repeats: int = typer.Option(1, "--runs", min=1, help="Evaluation runs: success is reported as mean ± std over them."),
+    trials: int = typer.Option(1, "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
@@ -226,7 +227,7 @@ def closed_loop_eval(
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,
-                                    backend=backend, address=address)
+                                    backend=backend, address=address, trials=trials)
     except (FileExistsError, ImportError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

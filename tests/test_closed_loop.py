@@ -90,6 +90,20 @@ def test_aggregation_maths_on_known_records():
     assert row["driving_score"] == pytest.approx((1 + 1 + 0.5 * 0.8**2 + 1) / 4)
     left = EpisodeRecord("r", "m", "default", 0, 0, False, "left_playfield", route_completion=0.4, off_road_events=1)
     assert left.driving_score == pytest.approx(0.4 * 0.8 * 0.5)
+    # two trials per run: repeats 0, 1 form run 0 (1/2 laps), repeats 2, 3 run 1 (2/2 laps)
+    trials = [record(0, True, 910), record(1, False, 500), record(2, True, 905), record(3, True, 920)]
+    (row,) = aggregate(trials, trials=2)
+    assert row["success_mean"] == pytest.approx(0.75) and row["success_std"] == pytest.approx(0.25)
+    assert aggregate(trials)[0]["success_std"] == pytest.approx(np.std([1, 0, 1, 1]))
+
+
+def test_runs_times_trials_episodes_per_track(trained_run, tmp_path):
+    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path, max_steps=10, progress=False, trials=2)
+    assert sorted(p.name for p in (tmp_path / "episodes").glob("*.json")) == [f"run_default_seed000003_r{k}.json" for k in range(4)]
+    settings = json.loads((tmp_path / "aggregates.json").read_text())
+    assert (settings["repeats"], settings["trials"], settings["aggregates"][0]["episodes"]) == (2, 2, 4)
+    with pytest.raises(ValueError, match="--trials"):
+        evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "x", trials=0, progress=False)
 
 
 def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
