@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from agents.expert import PurePursuitExpert
 from agents.rollout import drive, termination_reason
-from envs.car_racing import make_car_racing
+from envs.car_racing import RENDERERS, make_car_racing
 from envs.state import PrivilegedState
 from eval.backends import run_tasks
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
@@ -145,7 +145,8 @@ class LoggingDriver:
 
 def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
                 on_frame: Callable[[np.ndarray], None] | None = None,
-                on_agent: Callable[[Any], None] | None = None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+                on_agent: Callable[[Any], None] | None = None,
+                renderer: str = "fast") -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
     """Drive one episode; never raises — failures become a failed record.
 
     ``on_frame`` (optional) receives every observation the controller sees, e.g. for a video;
@@ -161,7 +162,7 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
         if on_agent is not None:
             on_agent(agent)
         torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
-        env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer="fast")
+        env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer=renderer)
         log: dict[str, list] = {name: [] for name in LOG_FIELDS}
         last, score = None, 0.0
         for step in drive(env, LoggingDriver(agent, cap, log, on_frame), key.track_seed):
@@ -197,8 +198,9 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
     return record, arrays
 
 
-def _episode_worker(key: EpisodeKey, out_dir: str, max_steps: int, samples: int | None, cap: float | None) -> dict[str, Any]:
-    record, arrays = run_episode(key, max_steps, samples, cap)
+def _episode_worker(key: EpisodeKey, out_dir: str, max_steps: int, samples: int | None, cap: float | None,
+                    renderer: str) -> dict[str, Any]:
+    record, arrays = run_episode(key, max_steps, samples, cap, renderer=renderer)
     folder = Path(out_dir) / "episodes"
     with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
         with open(tmp, "wb") as handle:
@@ -235,15 +237,19 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
 def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str], repeats: int, out_dir: Path,
                          max_steps: int = 1000, workers: int = 1, samples: int | None = None,
                          cap: float | None = None, resume: bool = False, progress: bool = True,
-                         backend: str = "process", address: str | None = None, trials: int = 1) -> list[dict[str, Any]]:
+                         backend: str = "process", address: str | None = None, trials: int = 1,
+                         renderer: str = "fast") -> list[dict[str, Any]]:
     """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
 
     ``repeats`` evaluation runs of ``trials`` episodes per (seed, preset) each: episode repeat
     k = run·trials + trial seeds the controller RNG; success is mean ± std over the runs.
 
+    ``renderer``: how frames are drawn (``fast``, the default, or gymnasium's ``stock`` code).
     ``backend``/``address`` choose where episodes run (``eval.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
     """
+    if renderer not in RENDERERS:
+        raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
     if repeats < 1 or trials < 1:
         raise ValueError(f"--runs and --trials must be >= 1, got {repeats} and {trials}")
     keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds
@@ -253,7 +259,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     if done and not resume:
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
     todo = [k for k in keys if k not in done]
-    args = [(k, str(out_dir), max_steps, samples, cap) for k in todo]
+    args = [(k, str(out_dir), max_steps, samples, cap, renderer) for k in todo]
     results = run_tasks(_episode_worker, args, workers, backend=backend, address=address)
     with tqdm(total=len(keys), initial=len(done), unit="episode", desc="closed loop", disable=not progress) as bar:
         for _ in results:
@@ -267,5 +273,5 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     rows = aggregate(records, trials)
     atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
                                                      "samples": samples, "seeds": seeds, "colour_presets": presets,
-                                                     "repeats": repeats, "trials": trials})
+                                                     "repeats": repeats, "trials": trials, "renderer": renderer})
     return rows

@@ -183,7 +183,8 @@ class Report:
         key = EpisodeKey(str(self.run_dir), preset, seed, repeat)
         frames: list[np.ndarray] = []
         record, arrays = run_episode(key, self.settings["max_steps"], self.samples, self.settings["throttle_cap"],
-                                     on_frame=lambda frame: frames.append(np.array(frame)))
+                                     on_frame=lambda frame: frames.append(np.array(frame)),
+                                     renderer=self.settings.get("renderer", "fast"))
         if record.failed:
             raise EvaluationError(f"{key.episode_id}: driving under {preset} for the Grad-CAM frames failed ({record.reason})")
         return Drive(f"{key.episode_id} (re-driven for this report)", preset, arrays, frames, InternalsRecorder(), logged=False)

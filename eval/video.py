@@ -72,7 +72,8 @@ def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None,
     frames: list[np.ndarray] = []
     samples = samples if samples is not None else settings.get("samples")
     redriven, arrays = run_episode(key, settings["max_steps"], samples, settings["throttle_cap"],
-                                   on_frame=lambda frame: frames.append(np.array(frame)), on_agent=on_agent)
+                                   on_frame=lambda frame: frames.append(np.array(frame)), on_agent=on_agent,
+                                   renderer=settings.get("renderer", "fast"))
     if redriven.failed:
         raise EvaluationError(f"{episode_id}: re-driving the episode failed ({redriven.reason})")
     check_same_actions(episode_id, logged["executed_action"], arrays["executed_action"])

@@ -207,6 +207,7 @@ def closed_loop_eval(
     colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated colour presets."),
     repeats: int = typer.Option(1, "--runs", min=1, help="Evaluation runs: success is reported as mean ± std over them."),
     trials: int = typer.Option(1, "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
+    renderer: str = typer.Option("fast", "--renderer", help="How frames are drawn: fast (default) or stock (gymnasium's code)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
@@ -227,8 +228,8 @@ def closed_loop_eval(
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,
-                                    backend=backend, address=address, trials=trials)
-    except (FileExistsError, ImportError) as exc:  # ImportError: --backend ray without the extra
+                                    backend=backend, address=address, trials=trials, renderer=renderer)
+    except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{'model':<12}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}{'score':>8}{'|lat|':>7}{'DS':>6}")

@@ -106,6 +106,18 @@ def test_runs_times_trials_episodes_per_track(trained_run, tmp_path):
         evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "x", trials=0, progress=False)
 
 
+def test_stock_renderer_episodes_and_a_bad_renderer(trained_run, tmp_path):
+    evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "stock", max_steps=60, progress=False, renderer="stock")
+    evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "fast", max_steps=60, progress=False)
+    assert json.loads((tmp_path / "stock" / "aggregates.json").read_text())["renderer"] == "stock"
+    stock, fast = (np.load(tmp_path / name / "episodes" / "run_default_seed000003_r0.npz") for name in ("stock", "fast"))
+    assert stock["raw_action"].shape == fast["raw_action"].shape
+    # frames agree to < 1/255 on average (bench/renderer.py), so the controller acts almost alike
+    assert np.abs(stock["raw_action"] - fast["raw_action"]).mean() < 0.05
+    with pytest.raises(ValueError, match="--renderer"):
+        evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "x", renderer="magic", progress=False)
+
+
 def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
     action = np.array([0.1, 0.8, 0.0], dtype=np.float32)
     assert np.array_equal(throttle_cap(action, 0.05, 0.1), action)
