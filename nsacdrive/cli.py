@@ -232,9 +232,11 @@ def closed_loop_eval(
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"{'model':<12}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}{'score':>8}{'|lat|':>7}{'DS':>6}")
+    width = max(len(f"{r['run']} ({r['model']})") for r in rows) + 2
+    typer.echo(f"{'run (model)':<{width}}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}"
+               f"{'score':>8}{'|lat|':>7}{'DS':>6}")
     for r in rows:
-        typer.echo(f"{r['model']:<12}{r['colour_preset']:<10}{r['episodes']:>9}{r['failed']:>7}"
+        typer.echo(f"{r['run'] + ' (' + r['model'] + ')':<{width}}{r['colour_preset']:<10}{r['episodes']:>9}{r['failed']:>7}"
                    f"{100 * r['success_mean']:>9.0f}% ± {100 * r['success_std']:<3.0f}{100 * r['score_ge_900']:>6.0f}%"
                    f"{100 * r['score_ge_860']:>6.0f}%{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
     typer.echo(f"per-step logs and summary → {out}")
