@@ -22,13 +22,7 @@ class EvaluationError(ValueError):
 
 def load_aggregates(eval_dir: Path) -> dict[str, Any]:
     """``aggregates.json`` of an evaluation folder (rows under ``aggregates``, plus the settings)."""
-    path = Path(eval_dir) / "aggregates.json"
-    if not path.is_file():
-        raise EvaluationError(f"{path}: not found; expected an evaluation folder written by `nsacdrive eval`")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise EvaluationError(f"{path}: not valid JSON ({exc})") from None
+    return _read_json(Path(eval_dir) / "aggregates.json", "not found; expected an evaluation folder written by `nsacdrive eval`")
 
 
 def load_records(eval_dir: Path) -> list[dict[str, Any]]:
@@ -58,9 +52,10 @@ def load_episode(eval_dir: Path, episode_id: str) -> tuple[dict[str, Any], dict[
     return record, arrays
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, missing: str = "episode record not found") -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`EvaluationError` saying ``missing`` or why it is unreadable."""
     if not path.is_file():
-        raise EvaluationError(f"{path}: episode record not found")
+        raise EvaluationError(f"{path}: {missing}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:

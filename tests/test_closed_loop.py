@@ -6,23 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from run_fixtures import tiny_run
 
-from controllers.encoders import EncoderConfig
-from controllers.registry import ModelConfig
-from controllers.training import TrainConfig, Trainer
-from data_collection.recorder import collect
 from eval.closed_loop import EpisodeRecord, aggregate, evaluate_closed_loop, throttle_cap
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("closed_loop")
-    collect("expert", [0, 1, 2], folder / "data", ["default"], workers=1, max_steps=80, progress=False)
-    model = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
-    config = TrainConfig(data=str(folder / "data"), model=model, train_seeds="0", val_seeds="1", test_seeds="2",
-                         batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1)
-    Trainer(config, folder / "run", progress=False).fit()
-    return folder / "run"
+    return tiny_run(tmp_path_factory.mktemp("closed_loop"))
 
 
 def test_episodes_logs_and_summary(trained_run, tmp_path):

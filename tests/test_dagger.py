@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from run_fixtures import tiny_run
 
 from agents.expert import PurePursuitExpert
 from agents.rollout import drive
 from controllers.checkpoint import CheckpointError, load_weights
-from controllers.encoders import EncoderConfig
 from controllers.registry import ModelConfig, build_controller
 from controllers.training import TrainConfig, Trainer
 from data_collection.dataset import DatasetError, SequenceDataset, load_episode_records
@@ -85,13 +85,7 @@ def test_dataset_reads_several_folders_and_names_a_missing_one(tmp_path):
 
 @pytest.fixture(scope="module")
 def bc_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dagger")
-    collect("expert", [0, 1, 2, 3], folder / "bc", ["default"], workers=1, max_steps=80, progress=False)
-    model = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
-    config = TrainConfig(data=str(folder / "bc"), model=model, train_seeds="0-1", val_seeds="2", test_seeds="3",
-                         batch_size=8, epochs=1, max_batches_per_epoch=2, max_val_batches=1)
-    Trainer(config, folder / "bc-run", progress=False).fit()
-    return folder / "bc-run"
+    return tiny_run(tmp_path_factory.mktemp("dagger"), seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), batches=2)
 
 
 def test_init_from_another_architecture_is_refused(bc_run, tmp_path):

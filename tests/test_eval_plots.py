@@ -9,13 +9,10 @@ import cv2
 import numpy as np
 import pytest
 from data_fixtures import normalize
+from run_fixtures import tiny_run
 from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
-from controllers.encoders import EncoderConfig
-from controllers.registry import ModelConfig
-from controllers.training import TrainConfig, Trainer
-from data_collection.recorder import collect
 from eval.closed_loop import evaluate_closed_loop
 from eval.plots import spearman, write_episode_figures, write_evaluation_figures
 from eval.results import choose_episodes
@@ -31,11 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def evaluation(tmp_path_factory) -> Path:
     """A tiny trained run (1 batch) driven on tracks 3 and 4 for 30 steps each. Read-only."""
     folder = tmp_path_factory.mktemp("plots")
-    collect("expert", [0, 1], folder / "data", ["default"], workers=1, max_steps=80, progress=False)
-    model = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
-    config = TrainConfig(data=str(folder / "data"), model=model, train_seeds="0", val_seeds="1", test_seeds="1",
-                         batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1)
-    Trainer(config, folder / "run", progress=False).fit()
+    tiny_run(folder, seeds=(0, 1), split=("0", "1", "1"))
     evaluate_closed_loop([folder / "run"], [3, 4], ["default"], 1, folder / "eval", max_steps=STEPS, progress=False)
     return folder / "eval"
 

@@ -1,0 +1,29 @@
+"""Tiny trained runs for the closed-loop, DAgger, backend, plot and report tests (a plain module).
+
+:func:`tiny_run` records a few short expert episodes and trains a deliberately tiny controller
+on them for one or two batches: enough for a real run folder (config, weights, history) that
+every evaluation path can load and drive, at a fraction of a second per step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from controllers.encoders import EncoderConfig
+from controllers.registry import ModelConfig
+from controllers.training import TrainConfig, Trainer
+from data_collection.recorder import collect
+
+TINY_MODEL: dict[str, Any] = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
+
+
+def tiny_run(folder: Path, model: str = "gmle", seeds: tuple[int, ...] = (0, 1, 2), split: tuple[str, str, str] = ("0", "1", "2"),
+             batches: int = 1, **model_options: Any) -> Path:
+    """Collect 80-step expert episodes on ``seeds`` into ``folder/data`` and train ``folder/run``."""
+    collect("expert", list(seeds), folder / "data", ["default"], workers=1, max_steps=80, progress=False)
+    config = TrainConfig(data=str(folder / "data"), model=ModelConfig(model=model, **{**TINY_MODEL, **model_options}),
+                         train_seeds=split[0], val_seeds=split[1], test_seeds=split[2], batch_size=8, epochs=1,
+                         max_batches_per_epoch=batches, max_val_batches=1)
+    Trainer(config, folder / "run", progress=False).fit()
+    return folder / "run"
