@@ -32,8 +32,9 @@ browser:
 # The main job end to end on built-in defaults: collect → train NSAC → offline table → closed loop → report.
 # Every step resumes, so an interrupted demo continues where it stopped.
 demo: install
-	$(NSAC) collect --agent expert --seeds 0-11 --colour-preset default,shift-3 --out data/demo --workers 2 --resume
-	$(NSAC) collect --agent expert --seeds 0-9 --noise 0.2 --out data/demo --workers 2 --resume
+	$(NSAC) collect --agent expert --seeds 0-31 --out data/demo --workers 2 --resume
+	$(NSAC) collect --agent expert --seeds 0-27 --noise 0.2 --out data/demo --workers 2 --resume
+	$(NSAC) collect --agent expert --seeds 30-31 --colour-preset shift-3 --out data/demo --workers 2 --resume
 	$(NSAC) data info data/demo
 	$(NSAC) train --data data/demo --out runs/demo-nsac --config configs/demo.json --resume
 	$(NSAC) evaluate-offline runs/demo-nsac --data data/demo --colour-preset shift-3 --out runs/demo-offline
