@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.registry import make_agent
-from agents.rollout import drive, termination_reason
+from agents.rollout import Step, drive, termination_reason
 from data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from data_collection.manifest import write_manifest
 from envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
@@ -90,15 +90,23 @@ class EpisodeJob:
         return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}"
 
 
-def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Drive one episode and return its arrays and sidecar metadata (nothing written)."""
-    agent = make_agent(job.agent)
-    learner = make_agent(job.mixing.learner) if job.mixing is not None else None
-    beta = job.mixing.beta if job.mixing is not None else 1.0
-    env = make_car_racing(colour_preset=job.colour_preset, max_episode_steps=job.max_steps, renderer=job.renderer)
-    rng = np.random.default_rng([job.noise.seed, job.track_seed])
-    steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
-    env.close()
+def episode_from_steps(
+    steps: list[Step],
+    env: gymnasium.Env,
+    *,
+    source: str,
+    agent_config: dict[str, Any],
+    agent_spec: str,
+    track_seed: int,
+    colour_preset: str,
+    renderer: str,
+    max_steps: int,
+    noise: NoiseConfig = NoiseConfig(),
+    mixing: MixingConfig | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed)."""
+    if not steps:
+        raise ValueError("an episode needs at least one step")
     states = [steps[0].state] + [s.next_state for s in steps]
     last = steps[-1]
     arrays = {
@@ -120,17 +128,17 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
         "env_id": ENV_ID,
         "base_env": "CarRacing-v3",
         "gymnasium_version": gymnasium.__version__,
-        "renderer": job.renderer,
-        "track_seed": job.track_seed,
+        "renderer": renderer,
+        "track_seed": track_seed,
         "n_tiles": len(base.track),
-        "colour_preset": job.colour_preset,
+        "colour_preset": colour_preset,
         "colour_scheme": base.colour_scheme.to_dict(),
-        "source": job.mixing.source if job.mixing is not None else agent.source,
-        "agent": agent.config(),
-        "agent_spec": job.agent,
-        "noise": asdict(job.noise),
-        "mixing": asdict(job.mixing) if job.mixing is not None else None,
-        "max_steps": job.max_steps,
+        "source": source,
+        "agent": agent_config,
+        "agent_spec": agent_spec,
+        "noise": asdict(noise),
+        "mixing": asdict(mixing) if mixing is not None else None,
+        "max_steps": max_steps,
         "total_reward": float(np.sum(arrays["rewards"], dtype=np.float64)),
         "lap_finished": bool(last.info.get("lap_finished", False)),
         "termination_reason": termination_reason(last.terminated, last.truncated, last.info),
@@ -139,6 +147,24 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
         "python": platform.python_version(),
     }
     return arrays, metadata
+
+
+def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Drive one episode and return its arrays and sidecar metadata (nothing written)."""
+    agent = make_agent(job.agent)
+    learner = make_agent(job.mixing.learner) if job.mixing is not None else None
+    beta = job.mixing.beta if job.mixing is not None else 1.0
+    env = make_car_racing(colour_preset=job.colour_preset, max_episode_steps=job.max_steps, renderer=job.renderer)
+    rng = np.random.default_rng([job.noise.seed, job.track_seed])
+    steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
+    env.close()
+    return episode_from_steps(
+        steps, env,
+        source=job.mixing.source if job.mixing is not None else agent.source,
+        agent_config=agent.config(), agent_spec=job.agent, track_seed=job.track_seed,
+        colour_preset=job.colour_preset, renderer=job.renderer, max_steps=job.max_steps,
+        noise=job.noise, mixing=job.mixing,
+    )
 
 
 def record_episode(job: EpisodeJob, out_dir: str) -> dict[str, Any]:

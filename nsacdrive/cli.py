@@ -129,6 +129,30 @@ def expert_evaluate(
         typer.echo(f"per-episode results → {out}")
 
 
+@app.command("drive")
+def human_drive(
+    record: Optional[Path] = typer.Option(None, "--record", help="Dataset folder for the finished episodes (source 'human'); omit to just play."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (then seed+1, ...)."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help="Colour preset: default, shift-1..5, random, random-N, color-v0."),
+    slow_motion: float = typer.Option(1.0, "--slow-motion", help="Run the game F times slower (F >= 1; 2 = half speed)."),
+    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+) -> None:
+    """Play CarRacing with the arrow keys (or a gamepad); R restarts, Q/Esc quits."""
+    from data_collection.human import record_human
+
+    try:
+        presets = _presets(colour_preset)
+        if len(presets) != 1:
+            raise ValueError(f"--colour-preset: give one preset, got {colour_preset!r}")
+        session = record_human(record, seed=seed, colour_preset=presets[0], slow_motion=slow_motion,
+                               max_steps=max_steps)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    where = f" → {record}" if record is not None else ""
+    typer.echo(f"wrote {len(session.written)} episodes, {session.restarts} restarts{where}")
+
+
 @app.command()
 def train(
     out: Path = typer.Option(..., "--out", help="Run folder (config.json, model.safetensors, history, TensorBoard logs)."),
