@@ -2,7 +2,8 @@
 
 A spec is a short string so it can be stored in sidecars and sent to worker processes:
 ``expert`` is the tuned pure-pursuit teacher; ``controller:RUN`` drives with a trained
-controller (:class:`eval.driver.ControllerAgent`).
+controller (:class:`eval.driver.ControllerAgent`); ``ppo:DIR`` drives with a PPO model trained by
+``nsacdrive expert train`` (:class:`agents.ppo.PPOAgent`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ def _controller(argument: str) -> Agent:
     return ControllerAgent(argument)
 
 
+def _ppo(argument: str) -> Agent:
+    if not argument:
+        raise ValueError("--agent: ppo needs a model folder, e.g. ppo:runs/ppo-state")
+    from agents.ppo import PPOAgent  # lazy: stable-baselines3 is only needed for PPO agents
+
+    return PPOAgent(argument)
+
+
 _FACTORIES: dict[str, Callable[[str], Agent]] = {
     "expert": lambda argument: PurePursuitExpert(),
     "controller": _controller,
+    "ppo": _ppo,
 }
 
 

@@ -53,7 +53,7 @@ def _presets(text: str) -> list[str]:
 @app.command()
 def collect(
     out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
-    agent: str = typer.Option("expert", "--agent", help="Agent spec: expert."),
+    agent: str = typer.Option("expert", "--agent", help="Agent spec: expert, controller:RUN or ppo:DIR."),
     seeds: str = typer.Option("0-49", "--seeds", help="Track seeds, e.g. '0-49' or '42,1000-1009'."),
     colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated presets: default, shift-1..5, random, random-N, color-v0."),
     noise: float = typer.Option(0.0, "--noise", help="Std of Gaussian noise on the EXECUTED steer and pedal (labels stay clean)."),
@@ -127,6 +127,38 @@ def expert_evaluate(
     if out is not None:
         atomic_write_json(out, {"agent": agent, "seeds": seeds, "colour_preset": presets[0], **report.to_dict()})
         typer.echo(f"per-episode results → {out}")
+
+
+@expert_app.command("train")
+def expert_train(
+    out: Path = typer.Option(..., "--out", help="Model folder: model.zip, vecnormalize.pkl, config.json, tensorboard/, best/."),
+    obs: str = typer.Option("state", "--obs", help="state (privileged vector, render-free physics) or pixels (rl-zoo recipe; hours of CPU)."),
+    timesteps: Optional[int] = typer.Option(None, "--timesteps", min=1, help="Env steps to train (with --resume: steps to add). Default 1M (state) / 4M (pixels)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from --out/model.zip and its VecNormalize statistics."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the policy and of the training track stream."),
+    n_envs: Optional[int] = typer.Option(None, "--n-envs", min=1, help="Parallel envs (default 2 for state, 8 for pixels)."),
+    eval_freq: int = typer.Option(25_000, "--eval-freq", min=0, help="Env steps between evaluations (0 = none)."),
+    eval_episodes: int = typer.Option(5, "--eval-episodes", min=1, help="Episodes per evaluation."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
+) -> None:
+    """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
+    from agents.ppo import OBS_KINDS, PPOConfig, train_ppo
+
+    if obs not in OBS_KINDS:
+        raise typer.BadParameter(f"--obs: expected one of {', '.join(OBS_KINDS)}, got {obs!r}")
+    overrides: dict = {"seed": seed, "eval_freq": eval_freq, "eval_episodes": eval_episodes, "progress_bar": progress}
+    if timesteps is not None:
+        overrides["timesteps"] = timesteps
+    if n_envs is not None:
+        overrides["n_envs"] = n_envs
+    try:
+        config = PPOConfig.pixels_recipe(**overrides) if obs == "pixels" else PPOConfig(obs=obs, **overrides)
+        model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
+    except (ValueError, FileExistsError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"trained {model.num_timesteps} steps → {out / 'model.zip'} (+ vecnormalize.pkl); "
+               f"evaluate with: nsacdrive expert evaluate --agent ppo:{out}")
 
 
 @app.command("drive")
