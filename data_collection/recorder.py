@@ -9,10 +9,8 @@ episodes in flight, and ``resume=True`` skips every episode whose files are alre
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import platform
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from envs.colours import validate_preset
 from envs.observation import PREPROCESS_VERSION
 from envs.state import STATE_FIELDS
 from nsacdrive.atomic import remove_partial_files
-from nsacdrive.workers import single_threaded_worker
+from nsacdrive.backends import run_tasks
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
@@ -241,21 +239,10 @@ def collect(
     start = time.perf_counter()
     steps = 0
     with tqdm(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
-        if workers == 1:
-            for job in todo:
-                steps += record_episode(job, str(out))["n_steps"]
-                write_manifest(out)
-                bar.update(1)
-        else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded_worker) as pool:
-                pending: set[Future] = {pool.submit(record_episode, job, str(out)) for job in todo}
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        steps += future.result()["n_steps"]
-                        bar.update(1)
-                    write_manifest(out)
-                    bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
+        for sidecar in run_tasks(record_episode, [(job, str(out)) for job in todo], workers):
+            steps += sidecar["n_steps"]
+            write_manifest(out)
+            bar.update(1)
+            bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
     write_manifest(out)
     return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

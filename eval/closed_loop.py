@@ -43,8 +43,8 @@ from agents.expert import PurePursuitExpert
 from agents.rollout import drive, termination_reason
 from envs.car_racing import RENDERERS, make_car_racing
 from envs.state import PrivilegedState
-from eval.backends import run_tasks
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from nsacdrive.backends import run_tasks
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
@@ -245,7 +245,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     k = run·trials + trial seeds the controller RNG; success is mean ± std over the runs.
 
     ``renderer``: how frames are drawn (``fast``, the default, or gymnasium's ``stock`` code).
-    ``backend``/``address`` choose where episodes run (``eval.backends.run_tasks``: local processes
+    ``backend``/``address`` choose where episodes run (``nsacdrive.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
     """
     if renderer not in RENDERERS:

@@ -274,8 +274,8 @@ def closed_loop_eval(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
-    from eval.backends import BACKENDS
     from eval.closed_loop import evaluate_closed_loop
+    from nsacdrive.backends import BACKENDS
 
     if backend not in BACKENDS:
         raise typer.BadParameter(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
