@@ -163,13 +163,17 @@ class UncertainPrediction:
         return self.aleatoric + self.epistemic
 
 
+def scatter_to_positions(weights: torch.Tensor, key_index: torch.Tensor, length: int) -> torch.Tensor:
+    """Weights of selected keys [..., K] → weight per input position [..., T] (0 where unselected)."""
+    per_position = torch.zeros(*weights.shape[:-1], length, dtype=weights.dtype, device=weights.device)
+    return per_position.scatter_add_(-1, key_index.expand_as(weights), weights)
+
+
 def attention_per_position(internals: NSACInternals, length: int) -> torch.Tensor:
     """[B, T]: the newest query's attention on each of the T positions, averaged over draws and
     heads (top-K selects different keys per head, so weights are scattered back to positions)."""
     weights = internals.attention[:, :, :, -1].mean(0)  # [B, H, K]
-    index = internals.key_index[:, :, -1]  # [B, H, K]
-    per_position = torch.zeros(*weights.shape[:2], length, dtype=weights.dtype, device=weights.device)
-    return per_position.scatter_add_(2, index, weights).mean(1)
+    return scatter_to_positions(weights, internals.key_index[:, :, -1], length).mean(1)
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor) -> UncertainPrediction:

@@ -43,7 +43,7 @@ from torch import nn
 from controllers.actions import ACTION_NAMES
 from controllers.controller import Controller
 from controllers.heads import LevyHead
-from controllers.nsac import NAC, NSAC, NSACInternals
+from controllers.nsac import NAC, NSAC, NSACInternals, scatter_to_positions
 from envs.geometry import TrackGeometry
 from eval.plots import TrackMap, new_figure, path_panel, spearman
 from eval.results import EvaluationError
@@ -177,8 +177,7 @@ def _mean(values: torch.Tensor) -> float:
 
 def _per_frame_weights(attention: torch.Tensor, key_index: torch.Tensor, frames: int) -> torch.Tensor:
     """Attention [S, H, K] of the selected keys → weight per frame slot [S, H, T] (0 where unselected)."""
-    out = torch.zeros(*attention.shape[:2], frames)
-    return out.scatter_add_(-1, key_index.expand_as(attention), attention.detach())
+    return scatter_to_positions(attention.detach(), key_index, frames)
 
 
 def _attention_summary(weights: torch.Tensor, per_frame: torch.Tensor | None) -> dict[str, float]:
