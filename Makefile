@@ -58,6 +58,7 @@ bench-deps: install
 bench: install bench-deps
 	$(PY) bench/run.py
 	$(PY) bench/renderer.py
+	$(PY) bench/front_camera.py
 	$(PY) bench/nsac_speed.py
 	$(PY) bench/levy_speed.py
 	$(PY) bench/training_speed.py

@@ -6,11 +6,16 @@ from the frames, see :func:`envs.preprocess_observation`). Without it the pedals
 inferred from frame-to-frame motion alone, and closed-loop speed control is where behaviour
 cloning fails (README, *Closed-loop results*): speed is what the conditional imitation
 learning line of work (Codevilla et al. 2018) feeds beside the camera for the same reason.
+
+Encoders may emit several tokens per frame (``TOKENS_PER_FRAME`` K, frame-major: the NVIDIA
+encoder's 18 image columns). The heads see every token with its frame's time and speed
+(repeated K times), and an attention map per token is summed back to one weight per frame, so
+callers keep passing timestamps and speeds [B, T] and reading attention [B, T].
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +43,7 @@ class Controller(nn.Module):
             raise ValueError("speed_input needs the encoder's token_dim")
         self.encoder = encoder
         self.head = head
+        self.tokens_per_frame = int(getattr(encoder, "TOKENS_PER_FRAME", 1))  # encoders that declare none emit one
         self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
 
     @property
@@ -49,10 +55,19 @@ class Controller(nn.Module):
         tokens = self.encoder(frames)
         if self.speed_embedding is None:
             return tokens
-        if speed is None or speed.shape != tokens.shape[:2]:
+        frames_shape = (tokens.shape[0], tokens.shape[1] // self.tokens_per_frame)
+        if speed is None or tuple(speed.shape) != frames_shape:
             got = None if speed is None else tuple(speed.shape)
-            raise ValueError(f"this controller reads the measured speed: pass speed of shape {tuple(tokens.shape[:2])}, got {got}")
-        return tokens + self.speed_embedding((speed.to(tokens) / SPEED_SCALE)[..., None])
+            raise ValueError(f"this controller reads the measured speed: pass speed of shape {frames_shape} (one per frame), got {got}")
+        return tokens + self.speed_embedding((self._per_token(speed).to(tokens) / SPEED_SCALE)[..., None])
+
+    def _per_token(self, per_frame: torch.Tensor) -> torch.Tensor:
+        """[B, T] → [B, T·K]: each frame's value for each of its K tokens."""
+        return per_frame if self.tokens_per_frame == 1 else per_frame.repeat_interleave(self.tokens_per_frame, dim=1)
+
+    def token_times(self, timestamps: torch.Tensor) -> torch.Tensor:
+        """Head times [B, T·K] of the tokens from the frames' timestamps [B, T] (:func:`head_times`)."""
+        return self._per_token(head_times(timestamps))
 
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
                       perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -61,7 +76,7 @@ class Controller(nn.Module):
         if target.dim() != 2:
             check_targets(torch.empty(target.shape[0], 3), target)
         tokens = self.tokens(frames, speed)
-        times = head_times(timestamps)
+        times = self.token_times(timestamps)
         perturbed = None
         if self.head.uses_perturbed_inputs:
             if perturb is None:
@@ -76,9 +91,20 @@ class Controller(nn.Module):
         return self.tokens(frames, speed)
 
     @torch.no_grad()
-    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
-        """Prediction from tokens made by :meth:`encode` (closed loop reuses the older frames' tokens)."""
-        return self.head.predict(tokens, head_times(timestamps), samples)
+    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,
+                       generators: Sequence[torch.Generator] | None = None) -> UncertainPrediction:
+        """Prediction from tokens made by :meth:`encode` (closed loop reuses the older frames' tokens).
+
+        ``generators``: one per batch row when the rows are independent episodes
+        (:meth:`controllers.heads.UncertaintyHead.predict_episodes`); None draws from the global RNG."""
+        times = self.token_times(timestamps)
+        if generators is None:
+            prediction = self.head.predict(tokens, times, samples)
+        else:
+            prediction = self.head.predict_episodes(tokens, times, samples, generators)
+        if prediction.attention is not None and self.tokens_per_frame > 1:  # per token → per frame
+            prediction.attention = prediction.attention.unflatten(1, (-1, self.tokens_per_frame)).sum(-1)
+        return prediction
 
     @torch.no_grad()
     def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,

@@ -6,6 +6,16 @@ instead of BatchNorm: statistics never depend on the batch, so perturbed passes 
 control behave exactly like training. ``ReferenceEncoder`` is the published CarRacing CNN
 (nsac.md §8.1: 5×5/3 → pool → 3×3/2 → pool → 2×2/1 → pool → BatchNorm → 64 features; its
 last map is 1×1, so Grad-CAM is meaningless on it) for parity studies.
+
+``NvidiaEncoder`` (``kind="nvidia"``) reads Udacity frames [B, T, 3, 66, 200] (YUV,
+:mod:`envs.udacity_observation`): the NVIDIA PilotNet convolutions 24@5×5/2, 36@5×5/2,
+48@5×5/2, 64@3×3, 64@3×3 (ELU) give a 64×1×18 map per frame, and each of its 18 COLUMNS is one
+token of 64 channels (projected to ``token_dim`` when that differs) — a left-to-right strip of
+the road — instead of the published variant's arbitrary memory reshape. Token convention: an
+encoder emits ``TOKENS_PER_FRAME`` tokens per frame, frame-major (tokens [B, T·K, F], token
+t·K + k = column k of frame t); :class:`controllers.controller.Controller` repeats each frame's
+time and speed for its K tokens and sums attention back per frame. Its 1×18 map is too flat for
+Grad-CAM, which refuses it with a clear error.
 """
 
 from __future__ import annotations
@@ -16,35 +26,48 @@ import torch
 from torch import nn
 
 from envs.observation import PREPROCESSED_FRAME_SHAPE
+from envs.udacity_observation import UDACITY_FRAME_SHAPE
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    kind: str = "cnn"  # "cnn" | "reference"
+    kind: str = "cnn"  # a key of ENCODERS
     token_dim: int = 64
-    channels: tuple[int, int, int] = (32, 64, 64)
+    channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" only
 
     def __post_init__(self) -> None:
-        if self.kind not in ("cnn", "reference"):
-            raise ValueError(f"encoder kind must be 'cnn' or 'reference', got {self.kind!r}")
+        if self.kind not in ENCODERS:
+            raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
         if self.token_dim < 1:
             raise ValueError(f"token_dim must be >= 1, got {self.token_dim}")
 
+    @property
+    def frame_shape(self) -> tuple[int, int, int]:
+        """The preprocessed frame (C, H, W) this encoder reads."""
+        return ENCODERS[self.kind].FRAME_SHAPE
 
-def check_frames(frames: torch.Tensor) -> None:
-    if frames.dim() != 5 or tuple(frames.shape[2:]) != PREPROCESSED_FRAME_SHAPE:
+    @property
+    def tokens_per_frame(self) -> int:
+        return ENCODERS[self.kind].TOKENS_PER_FRAME
+
+
+def check_frames(frames: torch.Tensor, frame_shape: tuple[int, int, int] = PREPROCESSED_FRAME_SHAPE) -> None:
+    if frames.dim() != 5 or tuple(frames.shape[2:]) != frame_shape:
         raise ValueError(
-            f"frames must have shape [B, T, {', '.join(map(str, PREPROCESSED_FRAME_SHAPE))}] "
-            f"(envs.preprocess_observation output), got {tuple(frames.shape)}"
+            f"frames must have shape [B, T, {', '.join(map(str, frame_shape))}] "
+            f"(envs.observation_kinds.preprocess_for output of this encoder's observation kind), got {tuple(frames.shape)}"
         )
 
 
 class PerFrameEncoder(nn.Module):
-    """Shared shape handling: ``features`` and ``to_token`` applied to every frame independently."""
+    """Shared shape handling: ``features`` and ``to_token`` applied to every frame independently;
+    ``FRAME_SHAPE`` is the preprocessed frame it reads, ``TOKENS_PER_FRAME`` the tokens it emits per frame."""
 
     features: nn.Sequential
     to_token: nn.Module
     LAST_CONV_INDEX: int
+    FRAME_SHAPE: tuple[int, int, int] = PREPROCESSED_FRAME_SHAPE
+    TOKENS_PER_FRAME: int = 1
 
     @property
     def last_conv(self) -> nn.Conv2d:
@@ -52,9 +75,9 @@ class PerFrameEncoder(nn.Module):
         return self.features[self.LAST_CONV_INDEX]
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        check_frames(frames)
+        check_frames(frames, self.FRAME_SHAPE)
         batch, length = frames.shape[:2]
-        return self.to_token(self.features(frames.flatten(0, 1))).view(batch, length, -1)
+        return self.to_token(self.features(frames.flatten(0, 1))).reshape(batch, length * self.TOKENS_PER_FRAME, -1)
 
 
 class FrameEncoder(PerFrameEncoder):
@@ -62,8 +85,9 @@ class FrameEncoder(PerFrameEncoder):
 
     LAST_CONV_INDEX = 6
 
-    def __init__(self, config: EncoderConfig = EncoderConfig()) -> None:
+    def __init__(self, config: EncoderConfig | None = None) -> None:
         super().__init__()
+        config = config or EncoderConfig()
         c1, c2, c3 = config.channels
         self.features = nn.Sequential(
             nn.Conv2d(3, c1, 8, stride=4), nn.GroupNorm(8, c1), nn.ReLU(),
@@ -84,8 +108,9 @@ class ReferenceEncoder(PerFrameEncoder):
 
     LAST_CONV_INDEX = 6
 
-    def __init__(self, config: EncoderConfig = EncoderConfig(kind="reference")) -> None:
+    def __init__(self, config: EncoderConfig | None = None) -> None:
         super().__init__()
+        config = config or EncoderConfig(kind="reference")
         self.features = nn.Sequential(
             nn.Conv2d(3, 32, 5, stride=3), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 48, 3, stride=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -98,5 +123,47 @@ class ReferenceEncoder(PerFrameEncoder):
         self.to_token = nn.Identity() if width == config.token_dim else nn.Linear(width, config.token_dim)
 
 
+class ColumnTokens(nn.Module):
+    """A map [N, C, 1, W] → tokens [N, W, C]: one token per column (left to right)."""
+
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        if maps.dim() != 4 or maps.shape[2] != 1:
+            raise ValueError(f"ColumnTokens expects maps of height 1 [N, C, 1, W], got {tuple(maps.shape)}")
+        return maps.squeeze(2).transpose(1, 2)
+
+
+class NvidiaEncoder(PerFrameEncoder):
+    """NVIDIA PilotNet convolutions on a 3×66×200 Udacity frame → 64×1×18 map → 18 column tokens."""
+
+    LAST_CONV_INDEX = 8
+    FRAME_SHAPE = UDACITY_FRAME_SHAPE
+    TOKENS_PER_FRAME = 18
+    CHANNELS = 64
+
+    def __init__(self, config: EncoderConfig | None = None) -> None:
+        super().__init__()
+        config = config or EncoderConfig(kind="nvidia")
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 24, 5, stride=2), nn.ELU(),
+            nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),
+            nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),
+            nn.Conv2d(48, 64, 3), nn.ELU(),
+            nn.Conv2d(64, self.CHANNELS, 3), nn.ELU(),
+        )
+        with torch.no_grad():
+            shape = self.features(torch.zeros(1, *self.FRAME_SHAPE)).shape
+        assert tuple(shape[1:]) == (self.CHANNELS, 1, self.TOKENS_PER_FRAME), shape
+        self.map_shape = tuple(shape[2:])
+        projection = nn.Identity() if config.token_dim == self.CHANNELS else nn.Linear(self.CHANNELS, config.token_dim)
+        self.to_token = nn.Sequential(ColumnTokens(), projection)
+
+
+ENCODERS: dict[str, type[PerFrameEncoder]] = {
+    "cnn": FrameEncoder,
+    "reference": ReferenceEncoder,
+    "nvidia": NvidiaEncoder,
+}
+
+
 def make_encoder(config: EncoderConfig) -> nn.Module:
-    return FrameEncoder(config) if config.kind == "cnn" else ReferenceEncoder(config)
+    return ENCODERS[config.kind](config)

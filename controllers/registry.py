@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from torch import nn
@@ -14,6 +14,7 @@ from controllers.encoders import EncoderConfig, make_encoder
 from controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
 from controllers.nsac import NACConfig, NSACConfig
 from controllers.objectives import NSACObjective
+from envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class ModelConfig:
     """Everything that defines a controller's architecture (saved beside every checkpoint)."""
 
     model: str = "nsac"
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    encoder: EncoderConfig = None  # type: ignore[assignment]  # None → the observation kind's default encoder
     d_model: int = 64
     num_heads: int = 16
     topk: int = 8
@@ -38,12 +39,20 @@ class ModelConfig:
     levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
     levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
     speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)
+    observation: str = DEFAULT_FRAME_KIND  # frames and preprocessing (envs/observation_kinds.py): carracing | udacity
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_BUILDERS:
             raise ValueError(f"--model: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_BUILDERS))}")
+        kind = observation_kind(self.observation, "model config 'observation'")
+        if self.encoder is None:
+            object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
         if isinstance(self.encoder, dict):
             object.__setattr__(self, "encoder", EncoderConfig(**{**self.encoder, "channels": tuple(self.encoder.get("channels", (32, 64, 64)))}))
+        if self.encoder.frame_shape != kind.frame_shape:
+            raise ValueError(f"model config: encoder kind {self.encoder.kind!r} reads frames {self.encoder.frame_shape}, but observation "
+                             f"{self.observation!r} gives {kind.frame_shape}; use encoder kind {kind.default_encoder!r} "
+                             "(or another encoder for that observation)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +104,8 @@ def _nac(config: ModelConfig) -> UncertaintyHead:
 
 
 def _levy(config: ModelConfig) -> UncertaintyHead:
-    return LevyHead(config.encoder.token_dim, config.levy_frames, window=config.levy_window)
+    # one learned identity per token slot: frame × the encoder's tokens per frame
+    return LevyHead(config.encoder.token_dim, config.levy_frames * config.encoder.tokens_per_frame, window=config.levy_window)
 
 
 MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {

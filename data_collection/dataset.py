@@ -1,7 +1,14 @@
 """Torch Dataset of T-frame sequences built on the fly from episode files.
 
 * Frame stacks are never stored: a sample is the T frames ending at step t, ``frame_stride``
-  steps apart, passed through :func:`envs.preprocess_observation` (HUD cropped, CHW, [0,1]).
+  steps apart, passed through the preprocessing of the dataset's observation kind
+  (:func:`envs.observation_kinds.preprocess_for`: CarRacing HUD cropped, CHW, [0,1]; Udacity
+  cropped, 66×200 YUV in [−1, 1]). Every episode must hold that kind's raw frames.
+* Udacity training data is augmented per sample on the raw frames (``augment``, e.g.
+  :func:`controllers.udacity_augment.augment_sequence`: side cameras, flips, shifts change the
+  steering label too), seeded by :meth:`SequenceDataset.reseed` and the sample index.
+* ``udacity:DIR`` in a data path is a Udacity recording, imported once into a cache
+  (:func:`data_collection.udacity_import.udacity_dataset`), or an imported dataset folder.
 * Splits are by TRACK SEED (``SeedSplit``): train/val/test seed sets are disjoint, so no track
   is seen on both sides (the published split was random per frame).
 * Memory is bounded: only the small arrays of every episode stay in RAM; decoded frames live
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,14 +32,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from data_collection.episode import EpisodeFileError, load_episode_arrays
+from data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
 from data_collection.manifest import sidecar_paths
-from envs.car_racing import FPS
-from envs.observation import preprocess_observation
+from envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for eval.report)
+from envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 from nsacdrive.seeds import parse_seeds
 
-#: zoom-in animation at the start of every CarRacing episode (driving.md §1)
-INTRO_STEPS = 50
+UDACITY_PREFIX = "udacity:"
+#: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
+SequenceAugment = Callable[[dict[str, np.ndarray], np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
 
 
 class DatasetError(ValueError):
@@ -84,13 +92,22 @@ def dataset_roots(data: str | Path | Sequence[str | Path]) -> list[Path]:
     """One or more dataset folders: a path, a comma-separated list (``data/bc,runs/dagger/round-1/data``)
     or a sequence of paths — DAgger trains on the union of the demonstrations and every round."""
     parts = str(data).split(",") if isinstance(data, (str, Path)) else [str(d) for d in data]
-    roots = [Path(part.strip()) for part in parts if part.strip()]
+    roots = [_dataset_folder(part.strip()) for part in parts if part.strip()]
     if not roots:
         raise DatasetError(f"no dataset folder given in {data!r}")
     for root in roots:
         if not root.is_dir():
             raise DatasetError(f"{root}: dataset folder does not exist")
     return roots
+
+
+def _dataset_folder(part: str) -> Path:
+    """A folder named in a data path; ``udacity:DIR`` resolves to DIR's imported dataset."""
+    if not part.startswith(UDACITY_PREFIX):
+        return Path(part)
+    from data_collection.udacity_import import udacity_dataset
+
+    return udacity_dataset(part[len(UDACITY_PREFIX):])
 
 
 def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterable[int] | None, on_error: Literal["raise", "skip"],
@@ -130,11 +147,14 @@ def sequence_timestamps(sequence_length: int, frame_stride: int) -> np.ndarray:
 
 
 class SequenceDataset(Dataset):
-    """Samples ``(frames[T,3,84,96], action[3], action_sequence[T,3], timestamps[T], speed[T])``.
+    """Samples ``(frames[T,C,H,W], action[3], action_sequence[T,3], timestamps[T], speed[T])``.
 
     ``timestamps`` are seconds relative to the newest frame (…, −2·stride/50, −stride/50, 0);
     the target ``action`` is the expert label at the newest frame; ``speed`` is the car's measured
-    forward speed at each frame (for controllers with ``speed_input``).
+    forward speed at each frame (for controllers with ``speed_input``). ``observation`` is the
+    observation kind (frames and preprocessing, :mod:`envs.observation_kinds`); ``skip_intro``
+    defaults to that kind's intro steps. ``augment`` (training only) rewrites each sample's raw
+    frames and labels with a generator seeded from (:meth:`reseed`'s seed, sample index).
     """
 
     def __init__(
@@ -143,11 +163,15 @@ class SequenceDataset(Dataset):
         seeds: Iterable[int] | None = None,
         sequence_length: int = 4,
         frame_stride: int = 1,
-        skip_intro: int = INTRO_STEPS,
+        skip_intro: int | None = None,
         cache_episodes: int = 4,
         on_error: Literal["raise", "skip"] = "raise",
         colour_presets: Iterable[str] | None = None,
+        observation: str = DEFAULT_FRAME_KIND,
+        augment: SequenceAugment | None = None,
     ) -> None:
+        self.kind = observation_kind(observation, "SequenceDataset observation")
+        skip_intro = self.kind.intro_steps if skip_intro is None else skip_intro
         if sequence_length < 1 or frame_stride < 1 or skip_intro < 0 or cache_episodes < 1:
             raise DatasetError(
                 "sequence_length and frame_stride must be >= 1, skip_intro >= 0, cache_episodes >= 1; got "
@@ -158,7 +182,13 @@ class SequenceDataset(Dataset):
         self.frame_stride = frame_stride
         self.cache_episodes = cache_episodes
         self.on_error = on_error
+        self.augment = augment
+        self.augment_seed = 0
         self.episodes = load_episode_records(self.roots, seeds, on_error, colour_presets)
+        for record in self.episodes:
+            if frame_kind_of(record.sidecar) != self.kind.name:
+                raise DatasetError(f"{record.sidecar_path}: holds {frame_kind_of(record.sidecar)} frames, but this dataset reads "
+                                   f"{self.kind.name} observations (the model config's 'observation'; Udacity data: --data udacity:DIR)")
         first_end = skip_intro + (sequence_length - 1) * frame_stride
         index = [
             np.stack([np.full(max(r.n_steps - first_end, 0), i), np.arange(first_end, max(r.n_steps, first_end))], axis=1)
@@ -167,7 +197,7 @@ class SequenceDataset(Dataset):
         self.index = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
         self._offsets = sequence_offsets(sequence_length, frame_stride)  # oldest … newest
         self.timestamps = torch.from_numpy(sequence_timestamps(sequence_length, frame_stride))
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -179,13 +209,18 @@ class SequenceDataset(Dataset):
     def episode_of(self, item: int) -> int:
         return int(self.index[item, 0])
 
-    def _frames(self, episode: int) -> np.ndarray:
+    def reseed(self, seed: int) -> None:
+        """Seed of the augmentation (the trainer sets one per epoch)."""
+        self.augment_seed = int(seed)
+
+    def _frames(self, episode: int) -> dict[str, np.ndarray]:
+        """Raw frames of every camera kept for ``episode`` (side cameras only when augmenting)."""
         if episode in self._cache:
             self._cache.move_to_end(episode)
             return self._cache[episode]
         record = self.episodes[episode]
-        _, arrays = load_episode_arrays(record.sidecar_path, include_observations=True)
-        frames = arrays["observations"]
+        _, arrays = load_episode_arrays(record.sidecar_path, include_observations=True, side_cameras=self.augment is not None)
+        frames = {camera: arrays[name] for camera, name in CAMERA_ARRAYS.items() if name in arrays}
         self._cache[episode] = frames
         while len(self._cache) > self.cache_episodes:
             self._cache.popitem(last=False)
@@ -194,12 +229,15 @@ class SequenceDataset(Dataset):
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
         episode, step = (int(v) for v in self.index[item])
         steps = step + self._offsets
-        frames = preprocess_observation(self._frames(episode)[steps])
-        labels = self.episodes[episode].actions
+        cameras = self._frames(episode)
+        frames, labels = cameras["center"][steps], self.episodes[episode].actions[steps]
+        if self.augment is not None:
+            rng = np.random.default_rng([self.augment_seed, item])
+            frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng)
         return {
-            "frames": torch.from_numpy(frames),
-            "action": torch.from_numpy(labels[step].copy()),
-            "action_sequence": torch.from_numpy(labels[steps].copy()),
+            "frames": torch.from_numpy(self.kind.preprocess(frames)),
+            "action": torch.from_numpy(labels[-1].copy()),
+            "action_sequence": torch.from_numpy(labels.copy()),
             "speed": torch.from_numpy(self.episodes[episode].speed[steps].astype(np.float32)),
             "timestamps": self.timestamps,
             "episode": torch.tensor(episode),

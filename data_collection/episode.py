@@ -20,6 +20,19 @@ sidecar exists, and the sidecar's ``sha256`` and ``file_size`` pin the ``.npz`` 
 | heading_error   | float32 | (T+1,)         | wrap(hull angle − track angle)                   |
 | progress        | float32 | (T+1,)         | arc length of the projection on the centreline   |
 | state           | float32 | (T+1, D)       | privileged state vector (envs.state.STATE_FIELDS)|
+
+Frame kinds (format version 1, extended compatibly): the sidecar field ``frame_kind`` names the
+raw frames, ``carracing`` (96×96×3, the table above) or ``udacity`` (160×320×3 simulator camera
+frames, :mod:`envs.observation_kinds`); a sidecar without it is ``carracing``, so every older
+file reads as before. Two OPTIONAL arrays, shaped and typed like ``observations``, may follow:
+``left_observations`` and ``right_observations`` (the side cameras of a Udacity recording).
+
+Imported recordings (source ``udacity-import``, :mod:`data_collection.udacity_import`) have no
+privileged simulator state: ``pose``, ``lateral_error``, ``heading_error``, ``progress`` and
+``rewards`` are NaN, ``state`` has zero columns (T+1, 0), ``terminations`` are False and
+``truncations`` True at the last step; ``actions`` = ``expert_actions`` = the logged
+(steering, throttle, brake) and ``speed`` the logged speed (mph). Validation requires finite
+actions only, so these episodes load, summarise and train like recorded ones.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from envs.observation import RAW_FRAME_SHAPE
+from envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS
 from nsacdrive.atomic import atomic_write_bytes, atomic_write_json
 
 FORMAT_VERSION = 1
@@ -56,6 +70,14 @@ EPISODE_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
     "progress": (np.dtype(np.float32), ("T+1",)),
     "state": (np.dtype(np.float32), ("T+1", None)),
 }
+#: arrays an episode MAY carry, validated like ``observations`` when present (in this order after the others)
+OPTIONAL_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
+    "left_observations": EPISODE_ARRAYS["observations"],
+    "right_observations": EPISODE_ARRAYS["observations"],
+}
+OBSERVATION_ARRAYS = ("observations", *OPTIONAL_ARRAYS)
+#: camera name → the array holding its frames
+CAMERA_ARRAYS = {"center": "observations", "left": "left_observations", "right": "right_observations"}
 SMALL_ARRAYS = tuple(name for name in EPISODE_ARRAYS if name != "observations")
 SIDECAR_FIELDS = ("format_version", "episode_id", "file", "n_steps", "track_seed", "colour_preset",
                   "colour_scheme", "source", "agent", "sha256", "file_size")
@@ -80,9 +102,13 @@ def _expected_shape(pattern: tuple[object, ...], n_steps: int, actual: tuple[int
     return tuple(actual[i] if p is None else sizes.get(p, p) for i, p in enumerate(pattern))  # type: ignore[misc]
 
 
-def check_array(name: str, array_dtype: np.dtype, shape: tuple[int, ...], n_steps: int, where: Path) -> None:
-    """Raise EpisodeFileError unless ``name`` has the dtype and shape the format prescribes."""
-    dtype, pattern = EPISODE_ARRAYS[name]
+def check_array(name: str, array_dtype: np.dtype, shape: tuple[int, ...], n_steps: int, where: Path,
+                frame_kind: str = DEFAULT_FRAME_KIND) -> None:
+    """Raise EpisodeFileError unless ``name`` has the dtype and shape the format prescribes
+    (observation arrays: the raw frame shape of ``frame_kind``)."""
+    dtype, pattern = {**EPISODE_ARRAYS, **OPTIONAL_ARRAYS}[name]
+    if name in OBSERVATION_ARRAYS:
+        pattern = ("T+1", *OBSERVATION_KINDS[frame_kind].raw_shape)
     if array_dtype != dtype:
         raise EpisodeFileError(f"{where}: array '{name}' has dtype {array_dtype}, expected {dtype}")
     expected = _expected_shape(pattern, n_steps, shape) if len(shape) == len(pattern) else None
@@ -94,7 +120,7 @@ def encode_episode(arrays: dict[str, np.ndarray]) -> bytes:
     """Deterministic compressed npz bytes (fixed member order and zip timestamps)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
-        for name in EPISODE_ARRAYS:
+        for name in [*EPISODE_ARRAYS, *(name for name in OPTIONAL_ARRAYS if name in arrays)]:
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
             info.compress_type = zipfile.ZIP_DEFLATED
             with archive.open(info, "w", force_zip64=True) as member:
@@ -108,14 +134,20 @@ def write_episode(folder: Path, episode_id: str, arrays: dict[str, np.ndarray], 
     missing = set(EPISODE_ARRAYS) - set(arrays)
     if missing:
         raise EpisodeFileError(f"{paths.data}: episode lacks arrays {sorted(missing)}")
+    unknown = set(arrays) - set(EPISODE_ARRAYS) - set(OPTIONAL_ARRAYS)
+    if unknown:
+        raise EpisodeFileError(f"{paths.data}: unknown arrays {sorted(unknown)}; optional arrays are {list(OPTIONAL_ARRAYS)}")
+    frame_kind = metadata.get("frame_kind", DEFAULT_FRAME_KIND)
+    _check_frame_kind(frame_kind, paths.sidecar)
     n_steps = int(len(arrays["actions"]))
-    for name in EPISODE_ARRAYS:
-        check_array(name, arrays[name].dtype, arrays[name].shape, n_steps, paths.data)
+    for name in arrays:
+        check_array(name, arrays[name].dtype, arrays[name].shape, n_steps, paths.data, frame_kind)
     payload = encode_episode(arrays)
     atomic_write_bytes(paths.data, payload)
     sidecar = {
         **metadata,
         "format_version": FORMAT_VERSION,
+        "frame_kind": frame_kind,
         "episode_id": episode_id,
         "file": paths.data.name,
         "n_steps": n_steps,
@@ -124,6 +156,16 @@ def write_episode(folder: Path, episode_id: str, arrays: dict[str, np.ndarray], 
     }
     atomic_write_json(paths.sidecar, sidecar)
     return sidecar
+
+
+def _check_frame_kind(frame_kind: object, where: Path) -> None:
+    if frame_kind not in OBSERVATION_KINDS:
+        raise EpisodeFileError(f"{where}: sidecar field 'frame_kind' must be one of {list(OBSERVATION_KINDS)}, got {frame_kind!r}")
+
+
+def frame_kind_of(sidecar: dict[str, Any]) -> str:
+    """The raw frame kind of an episode (sidecars written before the field existed: ``carracing``)."""
+    return sidecar.get("frame_kind", DEFAULT_FRAME_KIND)
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
@@ -150,6 +192,7 @@ def read_sidecar(path: Path) -> dict[str, Any]:
         raise EpisodeFileError(f"{path}: sidecar field 'file' must be an .npz file name in the same folder, got {file_name!r}")
     if not isinstance(sidecar["sha256"], str):
         raise EpisodeFileError(f"{path}: sidecar field 'sha256' must be a hex string, got {sidecar['sha256']!r}")
+    _check_frame_kind(frame_kind_of(sidecar), path)
     return sidecar
 
 
@@ -178,35 +221,48 @@ def _read_member(archive: zipfile.ZipFile, name: str, data_path: Path) -> np.nda
         raise EpisodeFileError(f"{data_path}: array '{name}' cannot be decoded ({exc})") from None
 
 
-def _observation_header(archive: zipfile.ZipFile, data_path: Path) -> tuple[tuple[int, ...], np.dtype]:
+def _observation_header(archive: zipfile.ZipFile, name: str, data_path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of an observation array from its npy header alone (no pixels decoded)."""
     try:
-        with archive.open("observations.npy") as member:
+        with archive.open(f"{name}.npy") as member:
             version = np.lib.format.read_magic(member)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(member)  # the header only: no pixels decoded
+            shape, _, dtype = read_header(member)
     except KeyError:
-        raise EpisodeFileError(f"{data_path}: array 'observations' is missing") from None
+        raise EpisodeFileError(f"{data_path}: array '{name}' is missing") from None
     except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        raise EpisodeFileError(f"{data_path}: array 'observations' has an unreadable header ({exc})") from None
+        raise EpisodeFileError(f"{data_path}: array '{name}' has an unreadable header ({exc})") from None
     return tuple(shape), np.dtype(dtype)
 
 
-def load_episode_arrays(sidecar_path: Path, include_observations: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read and fully validate one episode: sidecar, checksum, dtypes, shapes, finite actions."""
+def load_episode_arrays(sidecar_path: Path, include_observations: bool = True,
+                        side_cameras: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read and fully validate one episode: sidecar, checksum, dtypes, shapes, finite actions.
+
+    ``include_observations=False`` checks the frame arrays' headers without decoding pixels;
+    ``side_cameras=False`` leaves the optional side-camera arrays undecoded (headers still checked).
+    """
     sidecar_path = Path(sidecar_path)
     sidecar = read_sidecar(sidecar_path)
     data_path = sidecar_path.parent / sidecar["file"]
     n_steps = int(sidecar["n_steps"])
+    frame_kind = frame_kind_of(sidecar)
     with _open_archive(data_path, sidecar) as archive:
         arrays = {name: _read_member(archive, name, data_path) for name in SMALL_ARRAYS}
-        if include_observations:
-            arrays["observations"] = _read_member(archive, "observations", data_path)
-            obs_shape, obs_dtype = arrays["observations"].shape, arrays["observations"].dtype
-        else:
-            obs_shape, obs_dtype = _observation_header(archive, data_path)
+        members = set(archive.namelist())
+        frames = ["observations", *(name for name in OPTIONAL_ARRAYS if f"{name}.npy" in members)]
+        decode = {"observations", *(OPTIONAL_ARRAYS if side_cameras else ())} if include_observations else set()
+        frame_headers = {}
+        for name in frames:
+            if name in decode:
+                arrays[name] = _read_member(archive, name, data_path)
+                frame_headers[name] = (arrays[name].shape, arrays[name].dtype)
+            else:
+                frame_headers[name] = _observation_header(archive, name, data_path)
     if len(arrays["actions"]) != n_steps:
         raise EpisodeFileError(f"{data_path}: {len(arrays['actions'])} actions but the sidecar says n_steps={n_steps}")
-    check_array("observations", obs_dtype, obs_shape, n_steps, data_path)
+    for name, (shape, dtype) in frame_headers.items():
+        check_array(name, dtype, shape, n_steps, data_path, frame_kind)
     for name in SMALL_ARRAYS:
         check_array(name, arrays[name].dtype, arrays[name].shape, n_steps, data_path)
     for name in ("actions", "expert_actions"):

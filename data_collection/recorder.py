@@ -1,5 +1,10 @@
 """Run any Agent over seeds × colour presets and write one lossless episode per run.
 
+Two envs (``ENVS``): ``carracing`` (the 96×96 top-down frame) and ``udacity-style``
+(:mod:`envs.udacity_style`: 160×320 front-camera frames, all three cameras recorded). Two output
+layouts (``LAYOUTS``): ``episodes`` (the standard lossless format) and, for ``udacity-style``,
+``udacity`` (:mod:`data_collection.udacity_layout`: JPEGs + ``driving_log.csv``).
+
 Each episode is produced by one worker process from (agent spec, track seed, preset, noise),
 all of which are in its sidecar, so any episode can be regenerated exactly. The main process
 keeps ``manifest.json`` current after every finished episode; a killed run loses at most the
@@ -23,16 +28,28 @@ from agents.registry import make_agent
 from agents.rollout import Step, drive, termination_reason
 from data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from data_collection.manifest import write_manifest
+from data_collection.udacity_layout import (
+    prepare_udacity_folder,
+    udacity_episode_is_complete,
+    write_driving_log,
+    write_udacity_episode,
+)
 from envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
 from envs.colours import validate_preset
 from envs.observation import PREPROCESS_VERSION
 from envs.state import STATE_FIELDS
+from envs.udacity_observation import UDACITY_PREPROCESS_VERSION
+from envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
+from envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
+from envs.udacity_style import SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from nsacdrive.atomic import remove_partial_files
 from nsacdrive.backends import run_tasks
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
 DEFAULT_RENDERER = "fast"
+ENVS = ("carracing", "udacity-style")
+LAYOUTS = ("episodes", "udacity")
 
 
 @dataclass(frozen=True)
@@ -79,13 +96,22 @@ class EpisodeJob:
     max_steps: int = MAX_EPISODE_STEPS
     renderer: str = DEFAULT_RENDERER
     mixing: MixingConfig | None = None
+    env: str = "carracing"
 
     @property
     def episode_id(self) -> str:
         noise = f"_noise{self.noise.sigma:g}-{self.noise.seed}" if self.noise.sigma > 0 else ""
         mixing = f"_{self.mixing.source}" if self.mixing is not None else ""
+        env = f"_{self.env}" if self.env != "carracing" else ""
         agent = self.agent.replace(":", "-").replace("/", "-")
-        return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}"
+        return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}{env}"
+
+    def make_env(self) -> gymnasium.Env:
+        """The env this job drives (a ``udacity-style`` env records its side cameras too)."""
+        if self.env == "udacity-style":
+            env = make_udacity_style(colour_preset=self.colour_preset, max_episode_steps=self.max_steps, side_cameras=True)
+            return SideCameraLog(env)
+        return make_car_racing(colour_preset=self.colour_preset, max_episode_steps=self.max_steps, renderer=self.renderer)
 
 
 def episode_from_steps(
@@ -101,8 +127,12 @@ def episode_from_steps(
     max_steps: int,
     noise: NoiseConfig = NoiseConfig(),
     mixing: MixingConfig | None = None,
+    side_frames: dict[str, list[np.ndarray]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed)."""
+    """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed).
+
+    ``side_frames`` (camera name → T+1 frames, e.g. :attr:`envs.udacity_style.SideCameraLog.frames`)
+    become the optional ``<name>_observations`` arrays."""
     if not steps:
         raise ValueError("an episode needs at least one step")
     states = [steps[0].state] + [s.next_state for s in steps]
@@ -121,9 +151,14 @@ def episode_from_steps(
         "progress": np.array([st.progress for st in states], dtype=np.float32),
         "state": np.stack([st.as_vector() for st in states]).astype(np.float32),
     }
+    for name, frames in (side_frames or {}).items():
+        arrays[f"{name}_observations"] = np.stack(frames).astype(np.uint8)
     base = env.unwrapped
+    front_camera = isinstance(base, UdacityStyleCarRacing)
     metadata = {
-        "env_id": ENV_ID,
+        "env_id": UDACITY_STYLE_ENV_ID if front_camera else ENV_ID,
+        "frame_kind": "udacity" if front_camera else "carracing",
+        "cameras": ["center", *(side_frames or {})],
         "base_env": "CarRacing-v3",
         "gymnasium_version": gymnasium.__version__,
         "renderer": renderer,
@@ -141,7 +176,7 @@ def episode_from_steps(
         "lap_finished": bool(last.info.get("lap_finished", False)),
         "termination_reason": termination_reason(last.terminated, last.truncated, last.info),
         "state_fields": list(STATE_FIELDS),
-        "preprocess": PREPROCESS_VERSION,
+        "preprocess": UDACITY_PREPROCESS_VERSION if front_camera else PREPROCESS_VERSION,
         "python": platform.python_version(),
     }
     return arrays, metadata
@@ -152,27 +187,33 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     agent = make_agent(job.agent)
     learner = make_agent(job.mixing.learner) if job.mixing is not None else None
     beta = job.mixing.beta if job.mixing is not None else 1.0
-    env = make_car_racing(colour_preset=job.colour_preset, max_episode_steps=job.max_steps, renderer=job.renderer)
+    env = job.make_env()
     rng = np.random.default_rng([job.noise.seed, job.track_seed])
     steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
     env.close()
+    side_frames = env.frames if isinstance(env, SideCameraLog) else None
     return episode_from_steps(
         steps, env,
         source=job.mixing.source if job.mixing is not None else agent.source,
         agent_config=agent.config(), agent_spec=job.agent, track_seed=job.track_seed,
         colour_preset=job.colour_preset, renderer=job.renderer, max_steps=job.max_steps,
-        noise=job.noise, mixing=job.mixing,
+        noise=job.noise, mixing=job.mixing, side_frames=side_frames,
     )
 
 
-def record_episode(job: EpisodeJob, out_dir: str) -> dict[str, Any]:
-    """Worker entry point: drive, then write the episode atomically; returns the sidecar."""
+def record_episode(job: EpisodeJob, out_dir: str, layout: str = "episodes") -> dict[str, Any]:
+    """Worker entry point: drive, then write the episode atomically in ``layout``; returns the sidecar."""
     arrays, metadata = run_episode(job)
+    if layout == "udacity":
+        return write_udacity_episode(Path(out_dir), job.episode_id, arrays, metadata)
     return write_episode(Path(out_dir), job.episode_id, arrays, metadata)
 
 
-def episode_is_complete(out_dir: Path, job: EpisodeJob) -> bool:
-    """True when the sidecar exists, parses, and pins the .npz beside it (size and sha256)."""
+def episode_is_complete(out_dir: Path, job: EpisodeJob, layout: str = "episodes") -> bool:
+    """True when the sidecar exists, parses, and pins the .npz beside it (size and sha256)
+    (``udacity`` layout: pins the episode's rows, see :mod:`data_collection.udacity_layout`)."""
+    if layout == "udacity":
+        return udacity_episode_is_complete(out_dir, job.episode_id)
     paths = EpisodePaths.for_id(out_dir, job.episode_id)
     try:
         sidecar = read_sidecar(paths.sidecar)
@@ -204,19 +245,35 @@ def collect(
     resume: bool = False,
     max_steps: int = MAX_EPISODE_STEPS,
     progress: bool = True,
-    renderer: str = DEFAULT_RENDERER,
+    renderer: str | None = None,
     mixing: MixingConfig | None = None,
+    env: str = "carracing",
+    layout: str = "episodes",
 ) -> CollectionSummary:
     """Record ``agent`` on every (seed, preset); parallel workers, one progress bar.
 
-    ``mixing``: record DAgger data (the agent labels, a learner drives part of the time)."""
+    ``mixing``: record DAgger data (the agent labels, a learner drives part of the time).
+    ``renderer``: the CarRacing frame renderer (default ``fast``); ``udacity-style`` draws its own
+    camera. ``env`` and ``layout``: see the module docstring."""
     out = Path(out_dir)
+    if env not in ENVS:
+        raise ValueError(f"--env: expected one of {', '.join(ENVS)}, got {env!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "udacity" and env != "udacity-style":
+        raise ValueError("--layout udacity needs --env udacity-style (the Udacity layout holds 320×160 camera frames)")
+    if env == "udacity-style":
+        if renderer not in (None, FRONT_CAMERA_RENDERER):
+            raise ValueError(f"--renderer: the udacity-style env draws its own front camera; {renderer!r} is for --env carracing")
+        renderer = FRONT_CAMERA_RENDERER
+    else:
+        renderer = DEFAULT_RENDERER if renderer is None else renderer
+        if renderer not in RENDERERS:
+            raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
     if not colour_presets:
         raise ValueError("--colour-preset: give at least one colour preset")
     if len(set(colour_presets)) != len(colour_presets):
         raise ValueError(f"--colour-preset: presets listed twice in {colour_presets}")
-    if renderer not in RENDERERS:
-        raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError("--seeds: seeds listed twice")
     for preset in colour_presets:
@@ -226,10 +283,15 @@ def collect(
         make_agent(mixing.learner)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing) for preset in colour_presets for seed in seeds]
+    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing, env) for preset in colour_presets for seed in seeds]
     out.mkdir(parents=True, exist_ok=True)
-    remove_partial_files(out)
-    existing = [job for job in jobs if episode_is_complete(out, job)]
+    if layout == "udacity":
+        prepare_udacity_folder(out)
+        write_index = write_driving_log
+    else:
+        remove_partial_files(out)
+        write_index = write_manifest
+    existing = [job for job in jobs if episode_is_complete(out, job, layout)]
     if existing and not resume:
         raise FileExistsError(
             f"{out}: {len(existing)} of these episodes already exist (e.g. {existing[0].episode_id}); "
@@ -239,10 +301,10 @@ def collect(
     start = time.perf_counter()
     steps = 0
     with tqdm(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
-        for sidecar in run_tasks(record_episode, [(job, str(out)) for job in todo], workers):
+        for sidecar in run_tasks(record_episode, [(job, str(out), layout) for job in todo], workers):
             steps += sidecar["n_steps"]
-            write_manifest(out)
+            write_index(out)
             bar.update(1)
             bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
-    write_manifest(out)
+    write_index(out)
     return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

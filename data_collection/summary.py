@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from data_collection.dataset import DatasetError, load_episode_records
+from data_collection.episode import frame_kind_of
+from nsacdrive.atomic import json_safe
 from nsacdrive.seeds import format_seeds
 
 ACTION_NAMES = ("steer", "gas", "brake")
@@ -22,6 +25,7 @@ class DatasetSummary:
     frames: int
     seeds: list[int]
     sources: dict[str, int]
+    frame_kinds: dict[str, int]
     colour_presets: dict[str, int]
     renderers: dict[str, int]
     agents: dict[str, int]
@@ -34,7 +38,7 @@ class DatasetSummary:
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["seeds"] = format_seeds(self.seeds)
-        return out
+        return json_safe(out)  # NaN (no rewards or laps, e.g. imported recordings) → null
 
     def to_text(self) -> str:
         lines = [
@@ -43,11 +47,12 @@ class DatasetSummary:
             f"frames (steps)     {self.frames}",
             f"track seeds        {format_seeds(self.seeds)}  ({len(self.seeds)} tracks)",
             f"sources            {_fmt_counts(self.sources)}",
+            f"frame kinds        {_fmt_counts(self.frame_kinds)}",
             f"agents             {_fmt_counts(self.agents)}",
             f"colour presets     {_fmt_counts(self.colour_presets)}",
             f"renderers          {_fmt_counts(self.renderers)}",
-            f"episode reward     {self.reward_mean:.1f} ± {self.reward_std:.1f}",
-            f"lap finished       {100 * self.lap_finished_rate:.1f}%",
+            f"episode reward     {_fmt_mean_std(self.reward_mean, self.reward_std)}",
+            f"lap finished       {'-' if math.isnan(self.lap_finished_rate) else f'{100 * self.lap_finished_rate:.1f}%'}",
             f"terminations       {_fmt_counts(self.termination_reasons)}",
             "",
             f"{'actions':<10}{'':<9}{'mean':>8}{'std':>8}{'min':>8}{'max':>8}",
@@ -61,6 +66,18 @@ class DatasetSummary:
 
 def _fmt_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} ({v})" for k, v in sorted(counts.items())) or "-"
+
+
+def _fmt_mean_std(mean: float, std: float) -> str:
+    return "-" if math.isnan(mean) else f"{mean:.1f} ± {std:.1f}"
+
+
+def _mean_std(values: list[Any]) -> tuple[float, float]:
+    """Mean and std of the numbers among ``values`` (None where an episode has none, e.g. imported
+    recordings without rewards); NaN when there are none."""
+    numbers = np.array([v for v in values if v is not None], dtype=np.float64)
+    numbers = numbers[np.isfinite(numbers)]
+    return (float(numbers.mean()), float(numbers.std())) if len(numbers) else (math.nan, math.nan)
 
 
 def _action_stats(actions: np.ndarray) -> dict[str, dict[str, float]]:
@@ -82,7 +99,8 @@ def summarize(root: str | Path, on_error: str = "raise") -> DatasetSummary:
     records = load_episode_records(Path(root), seeds=None, on_error=on_error)  # type: ignore[arg-type]
     if not records:
         raise DatasetError(f"{root}: no episodes found (expected <episode>.npz + <episode>.json files)")
-    rewards = np.array([r.sidecar.get("total_reward", np.nan) for r in records], dtype=np.float64)
+    reward_mean, reward_std = _mean_std([r.sidecar.get("total_reward") for r in records])
+    laps = [r.sidecar.get("lap_finished") for r in records]
     executed = np.concatenate([r.executed_actions for r in records])
     labels = np.concatenate([r.actions for r in records])
     return DatasetSummary(
@@ -91,12 +109,13 @@ def summarize(root: str | Path, on_error: str = "raise") -> DatasetSummary:
         frames=sum(r.n_steps for r in records),
         seeds=sorted({int(r.sidecar["track_seed"]) for r in records}),
         sources=dict(Counter(r.sidecar["source"] for r in records)),
+        frame_kinds=dict(Counter(frame_kind_of(r.sidecar) for r in records)),
         colour_presets=dict(Counter(r.sidecar["colour_preset"] for r in records)),
         renderers=dict(Counter(r.sidecar.get("renderer", "?") for r in records)),
         agents=dict(Counter(r.sidecar.get("agent_spec", "?") for r in records)),
-        lap_finished_rate=float(np.mean([bool(r.sidecar.get("lap_finished")) for r in records])),
-        reward_mean=float(np.nanmean(rewards)),
-        reward_std=float(np.nanstd(rewards)),
+        lap_finished_rate=_mean_std([float(bool(lap)) for lap in laps if lap is not None])[0],
+        reward_mean=reward_mean,
+        reward_std=reward_std,
         termination_reasons=dict(Counter(r.sidecar.get("termination_reason", "?") for r in records)),
         action_stats={"executed": _action_stats(executed), "label": _action_stats(labels)},
     )

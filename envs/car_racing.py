@@ -32,6 +32,7 @@ from envs.geometry import TrackGeometry
 ENV_ID = "nsacdrive/CarRacing-v3"
 MAX_EPISODE_STEPS = 1000
 FPS = 50
+INTRO_STEPS = 50  # zoom-in animation at the start of every episode (driving.md §1)
 RENDERERS = ("stock", "fast")
 
 

@@ -90,7 +90,8 @@ def list_presets() -> list[str]:
     return ["default", *shifts, "random", "random-N", "color-v0"]
 
 
-def _rotate_hue(rgb: RGB, degrees: float) -> RGB:
+def rotate_hue(rgb: RGB, degrees: float) -> RGB:
+    """``rgb`` (0–255) with its HSV hue rotated by ``degrees``; saturation and value kept."""
     h, s, v = colorsys.rgb_to_hsv(*(c / 255.0 for c in rgb))
     r, g, b = colorsys.hsv_to_rgb((h + degrees / 360.0) % 1.0, s, v)
     return (r * 255.0, g * 255.0, b * 255.0)
@@ -100,8 +101,8 @@ def _shift_scheme(severity: int) -> ColourScheme:
     road_scale = 1.0 - 0.08 * severity
     return ColourScheme(
         road=tuple(c * road_scale for c in DEFAULT_SCHEME.road),  # type: ignore[arg-type]
-        background=_rotate_hue(DEFAULT_SCHEME.background, 30.0 * severity),
-        grass=_rotate_hue(DEFAULT_SCHEME.grass, 30.0 * severity),
+        background=rotate_hue(DEFAULT_SCHEME.background, 30.0 * severity),
+        grass=rotate_hue(DEFAULT_SCHEME.grass, 30.0 * severity),
         name=f"shift-{severity}",
     )
 

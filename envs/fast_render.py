@@ -29,7 +29,7 @@ _HUD_S = WINDOW_W / 40.0
 _HUD_H = WINDOW_H / 40.0
 
 
-def _grass_patches() -> np.ndarray:
+def grass_patches() -> np.ndarray:
     """The stock renderer's 400 grass squares (world units), shape (400, 4, 2)."""
     corners = np.array([(1, 0), (0, 0), (0, 1), (1, 1)], dtype=np.float64) * GRASS_DIM
     origins = np.array([(GRASS_DIM * x, GRASS_DIM * y) for x in range(-20, 20, 2) for y in range(-20, 20, 2)])
@@ -92,7 +92,7 @@ class FastStateRenderer:
         self.scale = np.array([self.width / WINDOW_W, self.height / WINDOW_H])
         self._hud_scale = (float(self.scale[0]), float(self.scale[1]))
         field = np.array([[(PLAYFIELD, PLAYFIELD), (PLAYFIELD, -PLAYFIELD), (-PLAYFIELD, -PLAYFIELD), (-PLAYFIELD, PLAYFIELD)]])
-        self._static = np.concatenate([field, _grass_patches()])  # background field, then grass patches
+        self._static = np.concatenate([field, grass_patches()])  # background field, then grass patches
         self._track_key: int | None = None
         self._scene = self._static
         self._road_colours: list[np.ndarray] = []

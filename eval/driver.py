@@ -9,12 +9,15 @@ Before (T−1)·stride steps have passed, the missing older frames repeat the fi
 
 Encoders embed every frame on its own, so the agent encodes only the newest frame each step
 and reuses the cached tokens of the older ones (T× less encoder work; identical predictions,
-tested against re-encoding the whole sequence).
+tested against re-encoding the whole sequence). :class:`ControllerPolicy` does this for B
+episodes in lockstep, one network call per step for all of them (batched closed-loop
+evaluation); :class:`ControllerAgent` is its one-episode :class:`agents.base.Agent`.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from controllers.actions import clip_to_box
 from controllers.nsac import UncertainPrediction
 from controllers.training import load_run
 from data_collection.dataset import sequence_offsets, sequence_timestamps
-from envs.observation import preprocess_observation
+from envs.observation_kinds import preprocess_for
 from envs.state import PrivilegedState
 
 
@@ -35,11 +38,14 @@ def history_indices(newest: int, offsets: np.ndarray) -> list[int]:
     return [max(newest + int(offset), 0) for offset in offsets]
 
 
-class ControllerAgent:
-    """An :class:`agents.base.Agent` that acts with the predictive mean of a trained controller."""
+class ControllerPolicy:
+    """A trained controller driving B episodes in lockstep: one encoder and one head call per step.
 
-    source = "controller"
-    needs_pixels = True
+    Each episode keeps a ring buffer of its last (T−1)·stride + 1 frame tokens; a step encodes
+    the newest frame of every listed episode in one batch and gathers each one's T history tokens.
+    With ``generators`` (one per listed episode) every episode draws from its own random stream
+    (:meth:`controllers.heads.UncertaintyHead.predict_episodes`).
+    """
 
     def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
         """``samples``: draws per prediction; None uses the model's own ``predict_samples``."""
@@ -50,14 +56,55 @@ class ControllerAgent:
         length, stride = self.train_config.sequence_length, self.train_config.frame_stride
         self.offsets = sequence_offsets(length, stride)
         self.timestamps = torch.from_numpy(sequence_timestamps(length, stride))[None].to(self.device)
-        self.frames: deque[np.ndarray] = deque(maxlen=-int(self.offsets[0]) + 1)
-        self.tokens: deque[torch.Tensor] = deque(maxlen=self.frames.maxlen)
+        self.history = -int(self.offsets[0]) + 1
+        self.reset_episodes(1)
+
+    def reset_episodes(self, episodes: int) -> None:
+        """Forget every history and make room for ``episodes`` fresh ones."""
+        self.seen = np.zeros(episodes, dtype=np.int64)  # frames seen per episode
+        self.ring: torch.Tensor | None = None  # [episodes, history, (M,) P, D] tokens, allocated on first use
+
+    def predict_episodes(self, episodes: Sequence[int], observations: np.ndarray, speeds: np.ndarray | None = None,
+                         generators: Sequence[torch.Generator] | None = None) -> UncertainPrediction:
+        """Predictions [len(episodes)] from each listed episode's newest raw frame (and measured speed)."""
+        rows = np.asarray(episodes, dtype=np.int64)
+        newest = torch.from_numpy(preprocess_for(self.train_config.model.observation)(np.asarray(observations)))[:, None].to(self.device)
+        speed = None if speeds is None else torch.as_tensor(np.asarray(speeds), dtype=torch.float32, device=self.device)[:, None]
+        tokens = self.model.encode(newest, speed)  # [n, P, D]: P tokens of the one new frame (ensembles: [M, n, P, D])
+        ensemble = tokens.dim() == 4
+        if ensemble:
+            tokens = tokens.movedim(0, 1)  # [n, M, P, D]
+        if self.ring is None:
+            self.ring = torch.zeros(len(self.seen), self.history, *tokens.shape[1:], device=self.device)
+        slot = torch.from_numpy(self.seen[rows] % self.history)
+        index = torch.from_numpy(rows)
+        self.ring[index, slot] = tokens
+        self.seen[rows] += 1
+        positions = np.maximum(self.seen[rows, None] - 1 + self.offsets[None, :], 0) % self.history  # [n, T]
+        history = self.ring[index[:, None], torch.from_numpy(positions)]  # [n, T, (M,) P, D]
+        if ensemble:
+            history = history.movedim(2, 0)  # [M, n, T, P, D]
+        history = history.flatten(-3, -2)  # frames' tokens in order, as the encoder lays out a sequence
+        times = self.timestamps.expand(len(rows), -1)
+        return self.model.predict_tokens(history, times, samples=self.samples, generators=generators)
+
+
+class ControllerAgent(ControllerPolicy):
+    """An :class:`agents.base.Agent` (one episode) that acts with the predictive mean of a trained controller."""
+
+    source = "controller"
+    needs_pixels = True
+
+    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
+        """``samples``: draws per prediction; None uses the model's own ``predict_samples``."""
+        super().__init__(run_dir, samples, device)
+        self.frames: deque[np.ndarray] = deque(maxlen=self.history)
         self.agent_id = f"controller:{self.run_dir.name}"
         self.last_prediction: UncertainPrediction | None = None
 
     def reset(self) -> None:
+        self.reset_episodes(1)
         self.frames.clear()
-        self.tokens.clear()
         self.last_prediction = None
 
     def config(self) -> dict[str, Any]:
@@ -75,11 +122,8 @@ class ControllerAgent:
     def predict(self, observation: np.ndarray, speed: float | None = None) -> UncertainPrediction:
         """Predict from the newest frame (and, for controllers with ``speed_input``, the measured speed)."""
         self.frames.append(np.asarray(observation))
-        newest = torch.from_numpy(preprocess_observation(self.frames[-1][None]))[None].to(self.device)
-        speeds = None if speed is None else torch.full((1, 1), float(speed), device=self.device)
-        self.tokens.append(self.model.encode(newest, speeds))
-        tokens = torch.cat([self.tokens[i] for i in self.history_indices()], dim=-2)
-        self.last_prediction = self.model.predict_tokens(tokens, self.timestamps, samples=self.samples)
+        speeds = None if speed is None else np.array([speed], dtype=np.float32)
+        self.last_prediction = self.predict_episodes([0], self.frames[-1][None], speeds)
         return self.last_prediction
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:

@@ -61,7 +61,7 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
     """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed."""
     model, config = load_run(run_dir)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
-    kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride)
+    kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
     conditions = {"clean": "default"}
     if perturbed_preset:
         conditions[perturbed_preset] = perturbed_preset

@@ -7,7 +7,8 @@ answers "which regions of the current frame push this output up or down".
 Method (Selvaraju et al. 2017, via captum's ``LayerGradCam``; the published "Grad-CAM" was plain
 input-gradient saliency with a label-dependent target, driving.md §6.13): the layer is the
 encoder's last convolution (``FrameEncoder.last_conv``, a 7×8 map — the published CNN's 2×2 map
-is too coarse and is refused with :class:`GradCamUnavailable`); one scalar output per target:
+is too coarse and is refused with :class:`GradCamUnavailable`, as is the NVIDIA encoder's 1×18 strip
+of Udacity frames); one scalar output per target:
 
 * ``steer`` — the predictive mean steering. Attributions are kept SIGNED
   (``relu_attributions=False``): positive = evidence for steering right, negative = for left;
@@ -48,7 +49,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from torch import nn
 
-from controllers.controller import Controller, head_times
+from controllers.controller import Controller
 from controllers.encoders import PerFrameEncoder
 from envs.observation import PREPROCESSED_FRAME_SHAPE, preprocess_observation
 from eval.plots import new_figure, spearman
@@ -131,11 +132,14 @@ def gradcam_layer(model: nn.Module) -> nn.Conv2d:
         raise GradCamUnavailable(f"encoder {type(model.encoder).__name__} exposes no last convolution")
     layer = model.encoder.last_conv
     with torch.no_grad():
-        shape = model.encoder.features[: model.encoder.LAST_CONV_INDEX + 1](torch.zeros(1, *PREPROCESSED_FRAME_SHAPE)).shape
+        shape = model.encoder.features[: model.encoder.LAST_CONV_INDEX + 1](torch.zeros(1, *model.encoder.FRAME_SHAPE)).shape
     if min(shape[2:]) < MIN_MAP_SIDE:
-        raise GradCamUnavailable(f"the last convolution's map is {shape[2]}×{shape[3]} (the published CarRacing CNN): "
+        raise GradCamUnavailable(f"the last convolution's map of {type(model.encoder).__name__} is {shape[2]}×{shape[3]}: "
                                  f"too coarse for Grad-CAM (needs ≥ {MIN_MAP_SIDE}×{MIN_MAP_SIDE}); no maps are shown "
-                                 "rather than blurred 2×2 blocks")
+                                 "rather than blurred blocks or strips")
+    if model.encoder.FRAME_SHAPE != PREPROCESSED_FRAME_SHAPE:
+        raise GradCamUnavailable(f"{type(model.encoder).__name__} reads {model.encoder.FRAME_SHAPE} frames; Grad-CAM maps "
+                                 f"are drawn on CarRacing frames {PREPROCESSED_FRAME_SHAPE} only")
     return layer
 
 
@@ -145,7 +149,7 @@ def explained_outputs(model: Controller, inputs: SaliencyInputs, config: Salienc
     speed = inputs.speed if model.speed_input else None
     with torch.no_grad():
         older_tokens = model.tokens(inputs.older, None if speed is None else speed[:, :-1])
-    times = head_times(inputs.timestamps)
+    times = model.token_times(inputs.timestamps)
 
     def forward(newest: torch.Tensor) -> torch.Tensor:
         with torch.random.fork_rng(devices=[]):

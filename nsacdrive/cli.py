@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from nsacdrive.udacity_cli import udacity_app
+
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
@@ -27,6 +29,7 @@ env_app = typer.Typer(help="Environment facts: colour presets, track geometry.",
 app.add_typer(data_app, name="data")
 app.add_typer(expert_app, name="expert")
 app.add_typer(env_app, name="env")
+app.add_typer(udacity_app, name="udacity")
 
 
 def _seeds(text: str, argument: str = "--seeds") -> list[int]:
@@ -61,15 +64,18 @@ def collect(
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already complete in --out."),
-    renderer: str = typer.Option("fast", "--renderer", help="State-frame renderer: fast (default) or stock (gymnasium's)."),
+    renderer: Optional[str] = typer.Option(None, "--renderer", help="CarRacing frame renderer: fast (default) or stock (gymnasium's)."),
+    env: str = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
+    layout: str = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
 ) -> None:
-    """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset)."""
+    """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     from data_collection.recorder import NoiseConfig
     from data_collection.recorder import collect as run_collect
 
     try:
         summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
-                              workers=workers, resume=resume, max_steps=max_steps, renderer=renderer)
+                              workers=workers, resume=resume, max_steps=max_steps, renderer=renderer, env=env,
+                              layout=layout)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -266,6 +272,7 @@ def closed_loop_eval(
     renderer: str = typer.Option("fast", "--renderer", help="How frames are drawn: fast (default) or stock (gymnasium's code)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
+    batch: int = typer.Option(8, "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
@@ -284,7 +291,8 @@ def closed_loop_eval(
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,
-                                    backend=backend, address=address, trials=trials, renderer=renderer)
+                                    backend=backend, address=address, trials=trials, renderer=renderer,
+                                    batch=batch)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

@@ -42,10 +42,10 @@ def _count_frame_loads(monkeypatch) -> collections.Counter:
     calls: collections.Counter = collections.Counter()
     original = dataset_module.load_episode_arrays
 
-    def counting(path, include_observations=True):
+    def counting(path, include_observations=True, **kwargs):
         if include_observations:
             calls[path.stem] += 1
-        return original(path, include_observations=include_observations)
+        return original(path, include_observations=include_observations, **kwargs)
 
     monkeypatch.setattr(dataset_module, "load_episode_arrays", counting)
     return calls

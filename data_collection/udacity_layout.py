@@ -1,0 +1,134 @@
+"""Write recorded episodes in the Udacity simulator's recording layout, so Udacity tools read them.
+
+Layout of a folder, as the simulator's own recordings:
+
+* ``IMG/center_<episode id>_<step>.jpg`` (and ``left_…``, ``right_…``): 320×160 RGB JPEGs;
+* ``driving_log.csv``: one row per step, NO header, 7 columns ``center, left, right, steering,
+  throttle, brake, speed`` with ABSOLUTE image paths (like a self-recorded log; moving the
+  folder breaks them, as it does for the simulator's).
+
+Row t holds the three camera frames of step t (the state the agent saw) and that step's action.
+
+Mapping from CarRacing (both use "positive steers right", so no sign flip):
+
+| column   | value                                         | range                        |
+|----------|-----------------------------------------------|------------------------------|
+| steering | the agent's steer label (``expert_actions``)  | [−1, 1], > 0 right (Udacity: the wheel angle / 25°, > 0 right) |
+| throttle | its gas                                       | [0, 1]                       |
+| brake    | its brake                                     | [0, 1]                       |
+| speed    | abs(forward speed) × 2.23694 (units/s → mph)  | ≥ 0, mph as the simulator logs it |
+
+The labels are the agent's own action, which equals the executed one unless ``--noise`` is
+given (then the images show the perturbed drive and the log the correcting label, as a DART
+dataset should). Speed: one world unit is taken as one metre (the CarRacing hull is 5 × 2.4
+units), so the expert's 60–140 units/s are 130–310 "mph" — far above the simulator's 30 mph
+cap: CarRacing cars are fast for their size.
+
+Resumability: each episode writes its JPEGs, then ``episodes/<id>.csv`` (its rows) and last
+``episodes/<id>.json`` (sidecar: the episode metadata + the rows' sha256), both atomically; an
+episode is complete once its sidecar pins its rows. ``driving_log.csv`` is rebuilt atomically
+from the complete episodes' rows (sorted by id) after every episode, like ``manifest.json``.
+The same episode always gives the same bytes (fixed JPEG quality, deterministic frames).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from data_collection.udacity_import import CAMERA_ARRAYS, LOG_NAME
+from nsacdrive.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
+
+IMG_DIR = "IMG"
+EPISODES_DIR = "episodes"
+JPEG_QUALITY = 90
+MPH_PER_UNIT_PER_SECOND = 2.2369362920544  # 1 world unit = 1 m; m/s → mph
+
+
+def encode_jpeg(frame: np.ndarray) -> bytes:
+    """JPEG bytes of one uint8 RGB frame (fixed quality, so the bytes are deterministic)."""
+    ok, encoded = cv2.imencode(".jpg", np.ascontiguousarray(frame[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+    if not ok:
+        raise ValueError(f"JPEG encoding failed for a frame of shape {frame.shape}")
+    return encoded.tobytes()
+
+
+def _number(value: float) -> str:
+    return f"{float(value):.6g}"
+
+
+def _paths(folder: Path, episode_id: str) -> tuple[Path, Path]:
+    return folder / EPISODES_DIR / f"{episode_id}.csv", folder / EPISODES_DIR / f"{episode_id}.json"
+
+
+def write_udacity_episode(folder: Path, episode_id: str, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> dict[str, Any]:
+    """Write one episode's JPEGs and rows (see the module docstring); returns its sidecar."""
+    folder = Path(folder).resolve()
+    missing = [name for name in CAMERA_ARRAYS.values() if name not in arrays]
+    if missing:
+        raise ValueError(f"the Udacity layout needs all three cameras; episode {episode_id} lacks {missing}")
+    images = folder / IMG_DIR
+    images.mkdir(parents=True, exist_ok=True)
+    n_steps = len(arrays["actions"])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    for t in range(n_steps):
+        paths = []
+        for camera, name in CAMERA_ARRAYS.items():
+            path = images / f"{camera}_{episode_id}_{t:06d}.jpg"
+            path.write_bytes(encode_jpeg(arrays[name][t]))
+            paths.append(str(path))
+        steer, gas, brake = arrays["expert_actions"][t]
+        speed = abs(float(arrays["speed"][t])) * MPH_PER_UNIT_PER_SECOND
+        writer.writerow([*paths, _number(steer), _number(gas), _number(brake), _number(speed)])
+    rows = buffer.getvalue().encode()
+    log_path, sidecar_path = _paths(folder, episode_id)
+    atomic_write_bytes(log_path, rows)
+    sidecar = {
+        **metadata,
+        "episode_id": episode_id,
+        "layout": "udacity",
+        "log": log_path.name,
+        "log_sha256": hashlib.sha256(rows).hexdigest(),
+        "n_steps": n_steps,
+        "jpeg_quality": JPEG_QUALITY,
+        "speed_units": "mph",
+    }
+    atomic_write_json(sidecar_path, sidecar)
+    return sidecar
+
+
+def udacity_episode_is_complete(folder: Path, episode_id: str) -> bool:
+    """True when the episode's sidecar parses and pins the rows file beside it."""
+    log_path, sidecar_path = _paths(Path(folder), episode_id)
+    try:
+        sidecar = json.loads(sidecar_path.read_text())
+        rows = log_path.read_bytes()
+    except (OSError, ValueError):
+        return False
+    return isinstance(sidecar, dict) and hashlib.sha256(rows).hexdigest() == sidecar.get("log_sha256")
+
+
+def write_driving_log(folder: Path) -> int:
+    """Rebuild ``driving_log.csv`` from every complete episode (sorted by id); returns its rows."""
+    folder = Path(folder)
+    parts = sorted(p.stem for p in (folder / EPISODES_DIR).glob("*.json") if not p.name.startswith("."))
+    rows = b"".join(_paths(folder, episode_id)[0].read_bytes() for episode_id in parts
+                    if udacity_episode_is_complete(folder, episode_id))
+    atomic_write_bytes(folder / LOG_NAME, rows)
+    return rows.count(b"\n")
+
+
+def prepare_udacity_folder(folder: Path) -> None:
+    """Create the layout's folders and delete leftovers of interrupted atomic writes."""
+    folder = Path(folder)
+    (folder / EPISODES_DIR).mkdir(parents=True, exist_ok=True)
+    remove_partial_files(folder)
+    remove_partial_files(folder / EPISODES_DIR)

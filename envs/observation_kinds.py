@@ -1,0 +1,78 @@
+"""The ONE dispatch from an observation kind to its raw frames and their preprocessing.
+
+A controller's ``ModelConfig.observation`` names its kind; training (the dataset), offline
+evaluation and the closed-loop agents all take the transform from :func:`preprocess_for`, so a
+model never sees frames prepared another way than it was trained on. An episode's sidecar field
+``frame_kind`` says which raw frames it stores (absent: ``carracing``).
+
+| kind       | raw frame (H, W, C) | network frame (C, H, W) | transform                               |
+|------------|---------------------|-------------------------|-----------------------------------------|
+| carracing  | 96×96×3             | 3×84×96, [0, 1] RGB     | :func:`envs.observation.preprocess_observation` |
+| udacity    | 160×320×3           | 3×66×200, [−1, 1] YUV   | :func:`envs.udacity_observation.preprocess_udacity` |
+
+``intro_steps`` are skipped at the start of every episode (CarRacing's zoom-in animation; a
+recording has none). Timestamps are one convention for every kind — frames counted at
+CarRacing's 50 Hz (:func:`data_collection.dataset.sequence_timestamps`) — so the closed-loop
+agents need no per-kind timing; for Udacity recordings (~10 Hz) they are a nominal time scale
+the heads learn, not wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.car_racing import INTRO_STEPS
+from envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, preprocess_observation
+from envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
+
+DEFAULT_FRAME_KIND = "carracing"
+
+
+@dataclass(frozen=True)
+class ObservationKind:
+    """What one kind of camera frame looks like, raw and preprocessed, and what reads it by default."""
+
+    name: str
+    raw_shape: tuple[int, int, int]
+    frame_shape: tuple[int, int, int]
+    preprocess: Callable[[np.ndarray], np.ndarray]
+    intro_steps: int
+    default_encoder: str
+
+
+OBSERVATION_KINDS: dict[str, ObservationKind] = {
+    "carracing": ObservationKind("carracing", RAW_FRAME_SHAPE, PREPROCESSED_FRAME_SHAPE, preprocess_observation,
+                                 intro_steps=INTRO_STEPS, default_encoder="cnn"),
+    "udacity": ObservationKind("udacity", UDACITY_RAW_FRAME_SHAPE, UDACITY_FRAME_SHAPE, preprocess_udacity,
+                               intro_steps=0, default_encoder="nvidia"),
+}
+
+
+def observation_kind(name: str, what: str = "observation") -> ObservationKind:
+    """The kind called ``name``; ``what`` names the field or argument in the error."""
+    if name not in OBSERVATION_KINDS:
+        raise ValueError(f"{what}: unknown observation kind {name!r}; expected one of {', '.join(OBSERVATION_KINDS)}")
+    return OBSERVATION_KINDS[name]
+
+
+def preprocess_for(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The preprocessing function of observation kind ``name`` (raw uint8 frames → network frames)."""
+    return observation_kind(name).preprocess
+
+
+def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer: str = "fast"):
+    """The env whose camera makes kind ``name``'s raw frames (closed-loop driving of a controller).
+
+    ``carracing``: CarRacing with ``renderer`` (fast or stock); ``udacity``: the front-camera
+    simulator (:func:`envs.udacity_style.make_udacity_style`, which has one renderer of its own)."""
+    from envs.car_racing import make_car_racing
+    from envs.udacity_style import make_udacity_style
+
+    if observation_kind(name).name == "udacity":
+        if renderer != "fast":
+            raise ValueError(f"--renderer {renderer!r}: the front-camera simulator has its own renderer; use the default")
+        return make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_episode_steps)
+    return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_episode_steps, renderer=renderer)

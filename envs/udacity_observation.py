@@ -1,0 +1,42 @@
+"""The Udacity-simulator observation transform (driving.md §9), the twin of :mod:`envs.observation`.
+
+A camera frame is 160×320 RGB (the simulator's JPEGs, decoded to uint8 RGB). The network sees
+the Shibuya/NVIDIA preprocessing: rows 60 … H−25 (sky and bonnet removed), resized to 200×66
+with AREA interpolation, converted RGB → YUV and scaled to [−1, 1] as x / 127.5 − 1, channels
+first. The widely copied script passes ``cv2.INTER_AREA`` as ``cv2.resize``'s third POSITIONAL
+argument (``dst``), so it silently gets the default bilinear filter; here it is passed as
+``interpolation=``. Augmentation (training only) works on the raw frames before this call
+(:mod:`controllers.udacity_augment`).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+UDACITY_RAW_FRAME_SHAPE = (160, 320, 3)  # (H, W, C) of a simulator camera frame
+CROP_TOP = 60
+CROP_BOTTOM = 25
+UDACITY_RESIZED = (200, 66)  # (width, height) as cv2.resize takes it
+UDACITY_FRAME_SHAPE = (3, UDACITY_RESIZED[1], UDACITY_RESIZED[0])  # (C, H, W) the network sees
+UDACITY_PREPROCESS_VERSION = "crop60-25-area200x66-yuv-pm1-v1"
+
+
+def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
+    """Raw uint8 RGB frames (..., 160, 320, 3) → float32 YUV (..., 3, 66, 200) in [−1, 1].
+
+    Works on one frame, a sequence or a batch of sequences: only the last three axes are touched.
+    """
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8:
+        raise TypeError(f"preprocess_udacity expects uint8 frames, got dtype {frames.dtype}")
+    if frames.ndim < 3 or frames.shape[-3:] != UDACITY_RAW_FRAME_SHAPE:
+        raise ValueError(f"preprocess_udacity expects frames of shape (..., 160, 320, 3), got {frames.shape}")
+    flat = frames.reshape(-1, *UDACITY_RAW_FRAME_SHAPE)
+    out = np.empty((len(flat), *UDACITY_FRAME_SHAPE), dtype=np.float32)
+    for i, frame in enumerate(flat):
+        cropped = frame[CROP_TOP : UDACITY_RAW_FRAME_SHAPE[0] - CROP_BOTTOM]
+        resized = cv2.resize(cropped, UDACITY_RESIZED, interpolation=cv2.INTER_AREA)
+        yuv = cv2.cvtColor(resized, cv2.COLOR_RGB2YUV)
+        out[i] = np.moveaxis(yuv, -1, 0).astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+    return out.reshape(*frames.shape[:-3], *UDACITY_FRAME_SHAPE)

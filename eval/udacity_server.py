@@ -1,0 +1,335 @@
+"""Drive the Udacity simulator with a trained controller: its Socket.IO protocol, handlers apart from the transport.
+
+The simulator is the Socket.IO *client*; this module is the server it connects to (port 4567).
+On connect the server sends ``steer`` {"steering_angle": "0", "throttle": "0"}. Every
+``telemetry`` event carries ``steering_angle``, ``throttle``, ``speed`` (numbers as strings) and
+``image`` (base64 JPEG of the 320×160 centre camera); the server answers ``steer`` with string
+fields. Empty telemetry means the simulator is in manual mode: the answer is ``manual`` {}.
+
+:class:`TelemetryHandler` is the whole protocol as a pure mapping telemetry dict → :class:`Reply`
+(event, payload, log row), so it is tested without a socket. :func:`serve` only wires it to
+python-socketio 4.6.1 / python-engineio 3.13.2 on eventlet — the one stack the old Unity
+simulator can talk to (it says EIO=4 but behaves like Engine.IO v3 and never sends the namespace
+CONNECT "40"; python-socketio 5.x drops its telemetry silently). eventlet and socketio are
+imported only inside :func:`serve`, and nothing is monkey-patched, so importing this module (or
+nsacdrive) elsewhere is unaffected.
+
+Actions: controllers predict (steer, gas, brake) in the action box. ``steering_angle`` is the
+predictive mean steer (the simulator's steering is normalised to [−1, 1] too). ``throttle`` is,
+with ``throttle="law"`` (default), the classic drive.py law 1 − steer² − (speed/limit)² (see
+:class:`ThrottleLaw`), or with ``throttle="model"`` the controller's own gas − brake (negative
+throttle brakes in the simulator). Both are clipped to [−1, 1].
+
+Frames: a Udacity-kind run (``ModelConfig.observation == "udacity"``) gets the RGB camera image
+as it is, (160, 320, 3), and preprocesses it as in training (:mod:`envs.observation_kinds`). A
+CarRacing-kind run (the default, also for runs saved before the ``observation`` field existed)
+gets the whole camera image resized with ``cv2.INTER_AREA`` to its raw 96×96 frame (aspect 2:1 squashed to 1:1; its preprocessing then crops the bottom 12 rows as it
+does the HUD). That lets any run be plugged in, but a CarRacing controller has never seen such
+pictures: expect the protocol to work, not the car to drive well.
+
+Malformed telemetry (a missing or non-numeric field, broken base64, not a JPEG, a wrong image
+size) and failed or non-finite predictions get the safe reply steering "0", throttle "0", and the
+reason goes into the log row; the server never stops on them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from controllers.actions import ACTION_NAMES
+from controllers.nsac import UncertainPrediction
+from envs.observation import RAW_FRAME_SHAPE
+from envs.observation_kinds import observation_kind
+from envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
+
+logger = logging.getLogger(__name__)
+
+#: (H, W, C) of the simulator's centre camera image, RGB: the raw frame of Udacity-kind runs.
+CAMERA_SHAPE = UDACITY_RAW_FRAME_SHAPE
+THROTTLE_MODES = ("law", "model")
+SAFE_REPLY = {"steering_angle": "0", "throttle": "0"}
+TELEMETRY_FIELDS = ("steering_angle", "throttle", "speed", "image")
+#: Columns of the per-frame log, in order (uncertainties are variances in action units²).
+LOG_FIELDS = ("frame", "time", "status", "reason", "speed", "sim_steering_angle", "sim_throttle",
+              "steering_angle", "throttle",
+              *(f"{moment}_{name}" for moment in ("mean", "aleatoric", "epistemic") for name in ACTION_NAMES),
+              "latency_ms")
+
+
+class TelemetryError(ValueError):
+    """A telemetry message the server cannot act on; the message is the logged reason."""
+
+
+class Predictor(Protocol):
+    """What the handler needs of a controller (:class:`eval.driver.ControllerAgent` is one)."""
+
+    def reset(self) -> None: ...
+
+    def predict(self, observation: np.ndarray, speed: float | None = None) -> UncertainPrediction: ...
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How predictions become simulator commands.
+
+    ``throttle``: ``law`` (1 − steer² − (speed/limit)², the classic script) or ``model`` (gas − brake).
+    ``speed_limit`` / ``slow_limit``: the law's limit, and the one it drops to while over it.
+    """
+
+    throttle: str = "law"
+    speed_limit: float = 25.0
+    slow_limit: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.throttle not in THROTTLE_MODES:
+            raise ValueError(f"--throttle: expected one of {', '.join(THROTTLE_MODES)}, got {self.throttle!r}")
+        if not 0 < self.slow_limit <= self.speed_limit:
+            raise ValueError(f"speed limits: expected 0 < slow limit ({self.slow_limit}) <= speed limit ({self.speed_limit})")
+
+
+class ThrottleLaw:
+    """The classic Udacity drive.py throttle: 1 − steer² − (speed/limit)², clipped to [−1, 1].
+
+    ``limit`` starts at ``speed_limit``; a frame faster than the current limit sets it to
+    ``slow_limit``, any other frame back to ``speed_limit`` — so once over 25 the car brakes
+    until it is down to 10 (the script's hysteresis, kept as it was). Reset per connection.
+    """
+
+    def __init__(self, speed_limit: float = 25.0, slow_limit: float = 10.0) -> None:
+        self.speed_limit, self.slow_limit = speed_limit, slow_limit
+        self.limit = speed_limit
+
+    def reset(self) -> None:
+        self.limit = self.speed_limit
+
+    def __call__(self, steer: float, speed: float) -> float:
+        self.limit = self.slow_limit if speed > self.limit else self.speed_limit
+        return float(np.clip(1.0 - steer**2 - (speed / self.limit) ** 2, -1.0, 1.0))
+
+
+def decode_camera_image(text: Any) -> np.ndarray:
+    """Base64 JPEG of the centre camera → RGB uint8 (160, 320, 3); :class:`TelemetryError` otherwise."""
+    if not isinstance(text, str):
+        raise TelemetryError(f"image: expected a base64 string, got {type(text).__name__}")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise TelemetryError("image: not valid base64") from None
+    if not raw.startswith(b"\xff\xd8\xff"):
+        raise TelemetryError("image: not a JPEG (no start-of-image marker)")
+    bgr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise TelemetryError("image: JPEG could not be decoded")
+    if bgr.shape != CAMERA_SHAPE:
+        raise TelemetryError(f"image: expected {CAMERA_SHAPE[1]}×{CAMERA_SHAPE[0]} pixels, got {bgr.shape[1]}×{bgr.shape[0]}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def encode_camera_image(rgb: np.ndarray, quality: int = 90) -> str:
+    """RGB uint8 image → base64 JPEG string, as the simulator sends it (for clients and tests)."""
+    ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR),
+                            [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError(f"could not JPEG-encode an image of shape {rgb.shape}")
+    return base64.b64encode(jpeg.tobytes()).decode("ascii")
+
+
+def telemetry_number(data: dict[str, Any], name: str) -> float:
+    """A finite number from a telemetry field (the simulator sends numbers as strings)."""
+    if name not in data:
+        raise TelemetryError(f"{name}: missing")
+    try:
+        value = float(data[name])
+    except (TypeError, ValueError):
+        raise TelemetryError(f"{name}: not a number ({str(data[name])[:40]!r})") from None
+    if not math.isfinite(value):
+        raise TelemetryError(f"{name}: not finite ({value})")
+    return value
+
+
+def camera_to_frame(image: np.ndarray, frame_shape: tuple[int, int, int]) -> np.ndarray:
+    """The camera image at a run's raw frame size: as is when it matches, else area-resized."""
+    if image.shape == frame_shape:
+        return image
+    return cv2.resize(image, (frame_shape[1], frame_shape[0]), interpolation=cv2.INTER_AREA)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server sends for one telemetry message, and the log row that records it."""
+
+    event: str
+    data: dict[str, str]
+    row: dict[str, Any]
+
+    @property
+    def reason(self) -> str:
+        return self.row["reason"]
+
+
+class TelemetryHandler:
+    """The Udacity protocol as a pure mapping: connect → first ``steer``, telemetry → :class:`Reply`.
+
+    Keeps one controller's frame history, so it serves one simulator at a time: each connect
+    (and each switch to manual mode, after which frames are no longer consecutive) starts it afresh.
+    """
+
+    def __init__(self, agent: Predictor, frame_shape: tuple[int, int, int] = RAW_FRAME_SHAPE, speed_input: bool = False,
+                 config: ServeConfig | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.agent, self.frame_shape, self.speed_input = agent, frame_shape, speed_input
+        self.config = config or ServeConfig()
+        self.law = ThrottleLaw(self.config.speed_limit, self.config.slow_limit)
+        self.clock = clock
+        self.frame = 0
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, config: ServeConfig | None = None, samples: int | None = None) -> TelemetryHandler:
+        """A handler driving with a trained run folder (loaded by :class:`eval.driver.ControllerAgent`)."""
+        from eval.driver import ControllerAgent
+
+        agent = ControllerAgent(run_dir, samples=samples)
+        return cls(agent, observation_kind(agent.train_config.model.observation).raw_shape, agent.model.speed_input, config)
+
+    def on_connect(self) -> dict[str, str]:
+        """A new simulator session: forget the frame history and answer with a standing start."""
+        self.agent.reset()
+        self.law.reset()
+        return dict(SAFE_REPLY)
+
+    def on_telemetry(self, data: Any) -> Reply:
+        """One telemetry message → the reply to send and its log row; never raises on bad input."""
+        start = self.clock()
+        self.frame += 1
+        row: dict[str, Any] = {name: None for name in LOG_FIELDS}
+        row.update(frame=self.frame, time=round(time.time(), 6), status="ok", reason="")
+        if data is None or data == {}:
+            self.agent.reset()
+            row.update(status="manual", reason="empty telemetry: manual mode")
+            return self._finish(Reply("manual", {}, row), start)
+        try:
+            steering, throttle = self._command(data, row)
+        except TelemetryError as exc:
+            row.update(status="safe", reason=str(exc))
+            return self._finish(Reply("steer", dict(SAFE_REPLY), row), start)
+        row.update(steering_angle=steering, throttle=throttle)
+        return self._finish(Reply("steer", {"steering_angle": f"{steering:.6f}", "throttle": f"{throttle:.6f}"}, row), start)
+
+    def _command(self, data: Any, row: dict[str, Any]) -> tuple[float, float]:
+        """(steering, throttle) for valid telemetry, filling ``row``; :class:`TelemetryError` otherwise."""
+        if not isinstance(data, dict):
+            raise TelemetryError(f"telemetry: expected an object with {', '.join(TELEMETRY_FIELDS)}, got {type(data).__name__}")
+        missing = [name for name in TELEMETRY_FIELDS if name not in data]
+        if missing:
+            raise TelemetryError(f"telemetry: missing {', '.join(missing)}")
+        row["sim_steering_angle"] = telemetry_number(data, "steering_angle")
+        row["sim_throttle"] = telemetry_number(data, "throttle")
+        speed = row["speed"] = telemetry_number(data, "speed")
+        frame = camera_to_frame(decode_camera_image(data["image"]), self.frame_shape)
+        try:
+            prediction = self.agent.predict(frame, speed if self.speed_input else None)
+        except Exception as exc:  # a controller failure must not take the server (and the car) down
+            raise TelemetryError(f"controller: {type(exc).__name__}: {exc}") from None
+        moments = {"mean": prediction.mean, "aleatoric": prediction.aleatoric, "epistemic": prediction.epistemic}
+        for moment, values in moments.items():
+            for name, value in zip(ACTION_NAMES, values.reshape(-1).tolist()):
+                row[f"{moment}_{name}"] = value
+        steer, gas, brake = (row[f"mean_{name}"] for name in ACTION_NAMES)
+        if not all(math.isfinite(value) for value in (steer, gas, brake)):
+            raise TelemetryError("controller: non-finite prediction")
+        steering = float(np.clip(steer, -1.0, 1.0))
+        if self.config.throttle == "law":
+            return steering, self.law(steering, speed)
+        return steering, float(np.clip(gas - brake, -1.0, 1.0))
+
+    def _finish(self, reply: Reply, start: float) -> Reply:
+        reply.row["latency_ms"] = round(1000.0 * (self.clock() - start), 3)
+        return reply
+
+
+class FrameLog:
+    """Per-frame log rows (:data:`LOG_FIELDS`): CSV for a ``.csv`` path, else JSON Lines.
+
+    Flushed after every row, so a killed server loses nothing it answered. Non-finite numbers are
+    written as ``nan`` in CSV and ``null`` in JSON Lines (which has no NaN).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("w", newline="", encoding="utf-8")
+        self.csv = csv.DictWriter(self.file, LOG_FIELDS) if self.path.suffix.lower() == ".csv" else None
+        if self.csv is not None:
+            self.csv.writeheader()
+            self.file.flush()
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.csv is not None:
+            self.csv.writerow(row)
+        else:
+            clean = {key: None if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
+            self.file.write(json.dumps(clean) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> FrameLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(handler: TelemetryHandler, host: str = "127.0.0.1", port: int = 4567, log: FrameLog | None = None,
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Serve the simulator until interrupted (python-socketio 4.6.1 + python-engineio 3.13.2 on eventlet).
+
+    ``always_connect``: the server sends the namespace CONNECT itself, before the connect handler's
+    ``steer``, because the simulator never asks for it. Handlers run one at a time (the frame
+    history is sequential). Any browser origin is accepted: the simulator is not a browser, and an
+    unexpected ``Origin`` header must not refuse it.
+    """
+    with warnings.catch_warnings():  # eventlet warns on import that it is in bugfix-only mode; pinned on purpose
+        warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
+        import eventlet
+        import eventlet.wsgi
+    import socketio
+
+    sio = socketio.Server(async_mode="eventlet", always_connect=True, async_handlers=False, cors_allowed_origins="*")
+
+    @sio.on("connect")
+    def _connect(sid: str, environ: dict[str, Any]) -> None:
+        logger.info("simulator connected (%s, %s)", sid, environ.get("QUERY_STRING", ""))
+        sio.emit("steer", handler.on_connect(), room=sid)
+
+    @sio.on("telemetry")
+    def _telemetry(sid: str, data: Any = None) -> None:
+        reply = handler.on_telemetry(data)
+        if log is not None:
+            log.write(reply.row)
+        if reply.row["status"] == "safe":
+            logger.warning("frame %d: safe reply (%s)", reply.row["frame"], reply.reason)
+        sio.emit(reply.event, reply.data, room=sid)
+
+    @sio.on("disconnect")
+    def _disconnect(sid: str) -> None:
+        logger.info("simulator disconnected (%s)", sid)
+
+    listener = eventlet.listen((host, port), reuse_port=False)  # a second server on the port fails instead of sharing it
+    if on_ready is not None:
+        on_ready()
+    eventlet.wsgi.server(listener, socketio.WSGIApp(sio), log_output=False)

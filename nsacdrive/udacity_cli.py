@@ -1,0 +1,80 @@
+"""``nsacdrive udacity ...``: the Udacity-simulator-style pipeline (import recordings, serve the simulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+udacity_app = typer.Typer(help="Udacity-simulator-style data and driving: import recordings, serve the simulator.",
+                          no_args_is_help=True)
+
+
+@udacity_app.command("import")
+def import_recording(
+    recording: Path = typer.Argument(..., help="Recording folder: driving_log.csv (header optional) + IMG/."),
+    out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
+    skip_missing: bool = typer.Option(False, "--skip-missing", help="Leave out rows whose images are missing or unreadable instead of failing."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (episodes get seed, seed+1, …); "
+                             "give disjoint ranges to import several recordings into one folder."),
+    episode_length: int = typer.Option(200, "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
+) -> None:
+    """Import a Udacity simulator recording as episodes (source udacity-import) for `nsacdrive train`."""
+    from data_collection.udacity_import import ImportConfig, UdacityImportError
+    from data_collection.udacity_import import import_recording as run_import
+
+    try:
+        result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing), progress=True)
+    except (UdacityImportError, OSError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    for problem in result.problems:
+        typer.secho(f"skipped {problem}", fg="yellow", err=True)
+    typer.echo(f"imported {result.episodes} episodes ({result.steps} steps; track seeds {seed}-{seed + result.episodes - 1}; "
+               f"cameras {','.join(result.cameras)}) from {result.rows} log rows ({'with' if result.header else 'no'} header, "
+               f"{result.skipped_rows} skipped) → {result.out}")
+
+
+@udacity_app.command("serve")
+def serve(
+    run: Path = typer.Argument(..., help="Run folder from `nsacdrive train` (any controller)."),
+    port: int = typer.Option(4567, "--port", min=1, max=65535, help="TCP port (the simulator connects to 4567)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; 0.0.0.0 for a simulator on another machine."),
+    throttle: str = typer.Option("law", "--throttle", help="law: 1 − steer² − (speed/limit)² | model: the controller's gas − brake."),
+    speed_limit: float = typer.Option(25.0, "--speed-limit", help="Throttle law: the speed limit (simulator mph)."),
+    slow_limit: float = typer.Option(10.0, "--slow-limit", help="Throttle law: the limit while over --speed-limit."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
+) -> None:
+    """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
+    import logging
+
+    from controllers.checkpoint import CheckpointError
+    from eval.udacity_server import FrameLog, ServeConfig, TelemetryHandler, serve
+
+    events = logging.StreamHandler()  # this server's events only (python-socketio stays at its quiet default)
+    events.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.getLogger("eval.udacity_server").addHandler(events)
+    logging.getLogger("eval.udacity_server").setLevel(logging.INFO)
+    try:
+        handler = TelemetryHandler.from_run(run, ServeConfig(throttle, speed_limit, slow_limit), samples)
+    except (CheckpointError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    frame_log = FrameLog(log) if log is not None else None
+
+    def ready() -> None:
+        typer.echo(f"serving {run} on {host}:{port} (throttle {throttle}, log {log or 'off'}); Ctrl-C stops")
+
+    try:
+        serve(handler, host, port, frame_log, ready)
+    except ImportError as exc:
+        typer.secho(f"error: {exc}; install the extra: pip install -e '.[udacity]'", fg="red", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.secho(f"error: server on {host}:{port}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        if frame_log is not None:
+            frame_log.close()
