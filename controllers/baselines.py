@@ -25,7 +25,7 @@ variances per sample and per action, in action units):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -88,6 +88,8 @@ class MCDropoutHead(UncertaintyHead):
     epistemic = Var_s of the squashed means, aleatoric = mean_s e^{2 log σ_s} (log σ clamped to
     [−10, 5] exactly as in :func:`gaussian_nll`). With p = 0 the passes coincide and epistemic = 0.
     """
+
+    stochastic_prediction = True
 
     def __init__(self, config: NACConfig, dropout: float, train_samples: int = 1) -> None:
         super().__init__()
@@ -189,8 +191,9 @@ class EnsembleController(nn.Module):
         return torch.stack([member.encode(frames, speed) for member in self.members])
 
     @torch.no_grad()
-    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20) -> UncertainPrediction:
-        """Uniform Gaussian mixture of the members (``samples`` is unused: members are deterministic)."""
+    def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,
+                       generators: Sequence[torch.Generator] | None = None) -> UncertainPrediction:
+        """Uniform Gaussian mixture of the members (``samples``/``generators`` are unused: members are deterministic)."""
         predictions = [member.predict_tokens(member_tokens, timestamps, samples)
                        for member, member_tokens in zip(self.members, tokens)]
         means = torch.stack([p.mean for p in predictions])
@@ -295,6 +298,8 @@ class SDENetHead(UncertaintyHead):
     """
 
     uses_perturbed_inputs = True
+
+    stochastic_prediction = True
 
     def __init__(self, token_dim: int, d_model: int = 64, depth: int = 6, sigma_max: float = 0.5) -> None:
         super().__init__()

@@ -6,7 +6,10 @@ on the model:
 * ``training_loss(tokens, times, target, perturbed_tokens=None) -> dict`` with key ``"total"``
   (heads with ``uses_perturbed_inputs = True`` get tokens of perturbed frames as well);
 * ``predict(tokens, times, samples) -> UncertainPrediction`` in action units (mean inside the
-  action box, aleatoric and epistemic variance), see :mod:`controllers.actions`.
+  action box, aleatoric and epistemic variance), see :mod:`controllers.actions`;
+* ``predict_episodes(tokens, times, samples, generators)``: the same for a batch whose rows are
+  independent episodes, row b drawing its randomness from ``generators[b]`` only, so batched
+  closed-loop evaluation gives every episode its own reproducible random stream.
 
 Times follow one convention: ``t = 1 + timestamp`` with timestamps in seconds relative to the
 newest frame (so t = 1 at the newest frame, 0.94 three frames earlier at 50 Hz).
@@ -14,22 +17,51 @@ newest frame (so t = 1 at the newest frame, 0.94 three frames earlier at 50 Hz).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from controllers.actions import ACTION_NAMES, squash
-from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, NSACOutput, UncertainPrediction, attention_per_position, decompose
+from controllers.nsac import (
+    NAC,
+    NSAC,
+    Generators,
+    NACConfig,
+    NSACConfig,
+    NSACOutput,
+    UncertainPrediction,
+    attention_per_position,
+    decompose,
+)
 from controllers.objectives import NSACObjective, check_targets, gaussian_nll
 
 N_ACTIONS = len(ACTION_NAMES)
+
+
+@contextmanager
+def global_rng_from(generator: torch.Generator) -> Iterator[None]:
+    """Run the body on the global CPU RNG set to ``generator``'s state, then hand the advanced state
+    back to ``generator`` and restore the global one (for layers, like dropout, that take no generator)."""
+    saved = torch.get_rng_state()
+    torch.set_rng_state(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(torch.get_rng_state())
+        torch.set_rng_state(saved)
 
 
 class UncertaintyHead(nn.Module):
     """Base class: see the module docstring for the contract."""
 
     uses_perturbed_inputs: ClassVar[bool] = False
+    #: whether ``predict`` draws random numbers (MC draws); deterministic heads batch freely
+    stochastic_prediction: ClassVar[bool] = False
+    #: during a row-by-row :meth:`predict_episodes`, the batch row being predicted (else None)
+    episode_row: int | None = None
 
     def training_loss(self, tokens: torch.Tensor, times: torch.Tensor, target: torch.Tensor,
                       perturbed_tokens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -38,11 +70,30 @@ class UncertaintyHead(nn.Module):
     def predict(self, tokens: torch.Tensor, times: torch.Tensor, samples: int) -> UncertainPrediction:
         raise NotImplementedError
 
+    def predict_episodes(self, tokens: torch.Tensor, times: torch.Tensor, samples: int,
+                         generators: Sequence[torch.Generator]) -> UncertainPrediction:
+        """:meth:`predict` with row b's draws taken from ``generators[b]``.
+
+        Deterministic heads make one batched call; stochastic heads default to one call per row
+        on that row's stream (heads that can draw per row in one pass override this: NSAC)."""
+        if not self.stochastic_prediction:
+            return self.predict(tokens, times, samples)
+        parts = []
+        try:
+            for row, generator in enumerate(generators):
+                self.episode_row = row  # which episode this call serves (read by recorders' hooks)
+                with global_rng_from(generator):
+                    parts.append(self.predict(tokens[row:row + 1], times[row:row + 1], samples))
+        finally:
+            self.episode_row = None
+        return UncertainPrediction.cat(parts)
+
 
 class NSACHead(UncertaintyHead):
     """NSAC with the two-term objective; S draws batched inside the layer for training and prediction."""
 
     uses_perturbed_inputs = True
+    stochastic_prediction = True
 
     def __init__(self, config: NSACConfig, train_samples: int = 5, objective: NSACObjective = NSACObjective()) -> None:
         super().__init__()
@@ -54,8 +105,9 @@ class NSACHead(UncertaintyHead):
         self.train_samples = train_samples
         self.objective = objective
 
-    def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int, return_internals: bool = False) -> NSACOutput:
-        out = self.layer(tokens, times, samples=samples, return_internals=return_internals)
+    def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int, return_internals: bool = False,
+              generator: Generators = None) -> NSACOutput:
+        out = self.layer(tokens, times, samples=samples, return_internals=return_internals, generator=generator)
         return NSACOutput(squash(out.mean), out.log_sigma, out.internals)
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
@@ -67,11 +119,14 @@ class NSACHead(UncertaintyHead):
         return {"total": terms.total, "nll": terms.nll, "regulariser": terms.regulariser,
                 "epistemic_id": terms.epistemic_id, "epistemic_ood": terms.epistemic_ood}
 
-    def predict(self, tokens, times, samples):
-        out = self.draws(tokens, times, samples, return_internals=True)
+    def predict(self, tokens, times, samples, generator: Generators = None):
+        out = self.draws(tokens, times, samples, return_internals=True, generator=generator)
         prediction = decompose(out.mean, out.log_sigma)
         prediction.attention = attention_per_position(out.internals, tokens.shape[1])
         return prediction
+
+    def predict_episodes(self, tokens, times, samples, generators):
+        return self.predict(tokens, times, samples, generator=generators)  # per-row noise in one pass
 
 
 class GaussianHead(nn.Module):
@@ -113,6 +168,8 @@ class LevyHead(UncertaintyHead):
     layer's Poisson sampler (the "K-draw mode": the nonlinear action head sees every draw).
     σ̂ itself (``deviation``) is available from :meth:`signals` for calibration.
     """
+
+    stochastic_prediction = True
 
     def __init__(self, token_dim: int, sequence_length: int, num_heads: int = 4, identity_dim: int = 16,
                  window: float = 0.5) -> None:

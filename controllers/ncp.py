@@ -96,6 +96,10 @@ class CircuitActivations:
     command: torch.Tensor
     motor: torch.Tensor
 
+    def rows(self, rows: slice) -> "CircuitActivations":
+        """The activations of batch rows ``rows`` (leading dim)."""
+        return CircuitActivations(self.inter[rows], self.command[rows], self.motor[rows])
+
 
 class MaskedLinear(nn.Linear):
     """A Linear layer whose weight is multiplied by a fixed 0/1 synapse mask."""

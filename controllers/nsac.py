@@ -25,8 +25,9 @@ and the OU moments are computed once, and S noise draws share them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
 
 import torch
 from torch import nn
@@ -137,6 +138,12 @@ class NSACInternals:
     attention: torch.Tensor  # [S, B, H, Tq, K] logistic-normal weights of every draw
     circuit: CircuitActivations  # inter / command / motor activations [B, H, Tq, K, n_group]
 
+    def rows(self, rows: slice) -> "NSACInternals":
+        """The internals of batch rows ``rows`` (the draw axis of ``attention`` kept)."""
+        return NSACInternals(self.key_index[rows], self.phi[rows], self.kappa[rows], self.psi[rows],
+                             self.effective_time[rows], self.ou_mean[rows], self.ou_std[rows], self.attention[:, rows],
+                             self.circuit.rows(rows))
+
 
 @dataclass
 class NSACOutput:
@@ -161,6 +168,28 @@ class UncertainPrediction:
     @property
     def total(self) -> torch.Tensor:
         return self.aleatoric + self.epistemic
+
+    @classmethod
+    def cat(cls, parts: Sequence["UncertainPrediction"]) -> "UncertainPrediction":
+        """Predictions of consecutive batch rows → one prediction (rows in order)."""
+        attention = None if parts[0].attention is None else torch.cat([p.attention for p in parts])
+        return cls(torch.cat([p.mean for p in parts]), torch.cat([p.aleatoric for p in parts]),
+                   torch.cat([p.epistemic for p in parts]), attention)
+
+
+#: One generator for the whole batch, one per batch row (independent episodes), or None (global RNG).
+Generators = Union[torch.Generator, Sequence[torch.Generator], None]
+
+
+def standard_normal(shape: tuple[int, ...], generator: Generators, batch_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """N(0, 1) draws of ``shape``; with one generator per batch row, row b's draws come from
+    ``generator[b]`` alone, so an episode's noise never depends on which episodes share its batch."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+    if len(generator) != shape[batch_dim]:
+        raise ValueError(f"got {len(generator)} generators for a batch of {shape[batch_dim]}")
+    row = shape[:batch_dim] + shape[batch_dim + 1:]
+    return torch.stack([torch.randn(row, generator=g, device=like.device, dtype=like.dtype) for g in generator], dim=batch_dim)
 
 
 def scatter_to_positions(weights: torch.Tensor, key_index: torch.Tensor, length: int) -> torch.Tensor:
@@ -209,11 +238,11 @@ class NSAC(nn.Module):
         return selected, tau, phi, kappa, psi, ou_mean, ou_std, activations
 
     def _attend(self, selected: SelectedPairs, ou_mean: torch.Tensor, ou_std: torch.Tensor, samples: int,
-                noise: bool, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                noise: bool, generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         shape = (samples, *ou_mean.shape)
         if noise and cfg.noise_std > 0:
-            eps = torch.randn(shape, generator=generator, device=ou_mean.device, dtype=ou_mean.dtype)
+            eps = standard_normal(shape, generator, batch_dim=1, like=ou_mean)
             logits = ou_mean + ou_std * (cfg.bn_mean + cfg.noise_std * eps)
         else:
             logits = (ou_mean + ou_std * cfg.bn_mean).expand(shape)
@@ -227,7 +256,7 @@ class NSAC(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | None = None, *, key_mask: torch.Tensor | None = None,
                 samples: int = 1, noise: bool = True, return_internals: bool = False,
-                generator: torch.Generator | None = None) -> NSACOutput:
+                generator: Generators = None) -> NSACOutput:
         """``samples`` logit draws share one pass of everything before the noise."""
         validate_inputs(x, t, key_mask, self.config.input_dim)
         if samples < 1:
@@ -249,7 +278,7 @@ class NSAC(nn.Module):
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor, t: torch.Tensor | None = None, *, key_mask: torch.Tensor | None = None,
-                samples: int = 20, generator: torch.Generator | None = None) -> UncertainPrediction:
+                samples: int = 20, generator: Generators = None) -> UncertainPrediction:
         """Mean, aleatoric and epistemic variance from ``samples`` draws batched inside the layer."""
         out = self.forward(x, t, key_mask=key_mask, samples=samples, generator=generator)
         return decompose(out.mean, out.log_sigma)

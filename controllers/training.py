@@ -1,10 +1,17 @@
 """Train a controller on recorded demonstrations: seeded, resumable, early-stopped.
 
 One epoch visits the training split (track seeds disjoint from validation and test) in the
-order of :class:`data_collection.dataset.EpisodeGroupedSampler`, recolours every sequence with
-:func:`controllers.augment.colour_augment`, and steps AdamW on the head's loss (heads that
-need perturbed inputs get frames + N(μ_pert, σ_pert²) in preprocessed [0, 1] units, with
-BatchNorm statistics frozen for that pass). After each epoch the validation loss drives a
+order of :class:`data_collection.dataset.EpisodeGroupedSampler`, augments every sequence the
+way its observation kind needs — CarRacing: recoloured by :func:`controllers.augment.colour_augment`;
+Udacity: side cameras, flips, shifts, shadows and brightness on the raw frames with the
+steering label adjusted (:func:`controllers.udacity_augment.augment_sequence`) — and steps
+AdamW on the head's loss (heads that need perturbed inputs get frames + N(μ_pert, σ_pert²) in
+preprocessed units — [0, 1] for CarRacing, [−1, 1] for Udacity — with BatchNorm statistics
+frozen for that pass).
+
+``data: "udacity:DIR"`` trains on a Udacity recording (imported once, see
+:func:`data_collection.udacity_import.udacity_dataset`) and sets ``model.observation`` to
+``udacity`` when the model config does not name one (so its encoder defaults to ``nvidia``). After each epoch the validation loss drives a
 ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safetensors``.
 
 Determinism and exact resume: every source of randomness of epoch e (sampler order,
@@ -16,6 +23,7 @@ so ``--resume`` after a kill gives the same weights as an uninterrupted run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -31,7 +39,14 @@ from tqdm import tqdm
 from controllers.augment import AugmentConfig, colour_augment
 from controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
 from controllers.registry import ModelConfig, build_controller
-from data_collection.dataset import EpisodeGroupedSampler, SequenceDataset, load_episode_records
+from controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
+from data_collection.dataset import (
+    UDACITY_PREFIX,
+    EpisodeGroupedSampler,
+    SequenceAugment,
+    SequenceDataset,
+    load_episode_records,
+)
 from nsacdrive.atomic import atomic_path, atomic_write_json
 from nsacdrive.seeds import format_seeds, parse_seeds
 
@@ -58,20 +73,28 @@ class TrainConfig:
     plateau_patience: int = 2
     early_stopping_patience: int = 5
     grad_clip: float = 10.0
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
-    perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1])
-    perturb_std: float = 0.2  # σ_pert, preprocessed-image units ([0, 1])
+    augment: AugmentConfig = field(default_factory=AugmentConfig)  # CarRacing observations
+    udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
+    perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
+    perturb_std: float = 0.2  # σ_pert, preprocessed-image units
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"
     init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:
+        udacity_data = any(part.strip().startswith(UDACITY_PREFIX) for part in str(self.data).split(","))
         if isinstance(self.model, dict):
-            object.__setattr__(self, "model", ModelConfig.from_dict(self.model))
+            model = {"observation": "udacity", **self.model} if udacity_data else self.model
+            object.__setattr__(self, "model", ModelConfig.from_dict(model))
+        if udacity_data and self.model.observation != "udacity":
+            raise ValueError(f"data {self.data!r} is Udacity data, but model.observation is {self.model.observation!r}; "
+                             "set it to 'udacity' (or leave it out)")
         object.__setattr__(self, "train_presets", tuple(self.train_presets))
         if isinstance(self.augment, dict):
             object.__setattr__(self, "augment", AugmentConfig(**self.augment))
+        if isinstance(self.udacity_augment, dict):
+            object.__setattr__(self, "udacity_augment", UdacityAugmentConfig(**self.udacity_augment))
         for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -100,7 +123,8 @@ def resolve_split(config: TrainConfig) -> TrainConfig:
         raise ValueError("train/val/test seeds: give all three ranges or none ('auto')")
     seeds = sorted({int(r.sidecar["track_seed"]) for r in load_episode_records(Path(config.data), None, "raise")})
     if len(seeds) < 3:
-        raise ValueError(f"{config.data}: an automatic split needs >= 3 track seeds, found {len(seeds)}")
+        raise ValueError(f"{config.data}: an automatic split needs >= 3 track seeds, found {len(seeds)} "
+                         "(a Udacity recording gets one per episode: import it with a smaller --episode-length)")
     n_held = max(1, round(0.1 * len(seeds)))
     test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
     return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
@@ -138,8 +162,9 @@ class Trainer:
         if cfg.init_from is not None:
             self._initialise_from(Path(cfg.init_from))
         dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride,
-                          cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets)
-        self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), **dataset_kw)
+                          cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets, observation=cfg.model.observation)
+        self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), augment=self._sequence_augment(),
+                                         **dataset_kw)
         self.val_set = SequenceDataset(cfg.data, parse_seeds(cfg.val_seeds, "val seeds"), **dataset_kw)
         for name, dataset in (("train", self.train_set), ("val", self.val_set)):
             if len(dataset) == 0:
@@ -156,6 +181,19 @@ class Trainer:
                                   f"{self.config.model.to_dict()}")
         load_weights(self.model, run_dir / WEIGHTS_FILE)
 
+    def _sequence_augment(self) -> SequenceAugment | None:
+        """Per-sample augmentation of raw frames (Udacity observations), or None."""
+        cfg = self.config
+        if cfg.model.observation != "udacity" or cfg.udacity_augment.probability == 0:
+            return None
+        return functools.partial(augment_sequence, config=cfg.udacity_augment)
+
+    def _augment_batch(self, frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Per-batch augmentation of preprocessed frames: CarRacing's colour augmentation."""
+        if self.config.model.observation != "carracing":
+            return frames
+        return colour_augment(frames, self.config.augment, generator)
+
     # ------------------------------------------------------------------ persistence
     @property
     def resume_dir(self) -> Path:
@@ -170,8 +208,9 @@ class Trainer:
 
     def load_resume_state(self) -> None:
         saved = self.config.to_dict()
-        on_disk = read_config(self.run_dir)
-        if on_disk != json.loads(json.dumps(saved)):
+        # through the dataclass, so fields added since the run was written compare at their defaults
+        on_disk = TrainConfig.from_dict(read_config(self.run_dir)).to_dict()
+        if json.loads(json.dumps(on_disk)) != json.loads(json.dumps(saved)):
             raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
         load_weights(self.model, self.resume_dir / "last.safetensors")
         try:
@@ -203,6 +242,7 @@ class Trainer:
         torch.manual_seed(seed)
         augment_rng = torch.Generator().manual_seed(seed + 1)
         perturb_rng = torch.Generator().manual_seed(seed + 2)
+        self.train_set.reseed(seed + 3)
         self.model.train()
         loader = self._batches(self.train_set, epoch)
         n_batches = len(loader) if cfg.max_batches_per_epoch is None else min(len(loader), cfg.max_batches_per_epoch)
@@ -211,7 +251,7 @@ class Trainer:
         for index, batch in enumerate(loader):
             if index >= n_batches:
                 break
-            frames = colour_augment(batch["frames"], cfg.augment, augment_rng).to(self.device)
+            frames = self._augment_batch(batch["frames"], augment_rng).to(self.device)
             terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
                                              perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
             self.optimizer.zero_grad(set_to_none=True)

@@ -48,6 +48,12 @@ class CarPose:
         return float(np.hypot(self.forward_speed, self.lateral_speed))
 
 
+def forward_speed(car) -> float:
+    """The hull's forward speed alone (what a speedometer reads; cheaper than :func:`car_pose`)."""
+    hull = car.hull
+    return float(hull.GetLocalVector(hull.linearVelocity)[1])
+
+
 def car_pose(car) -> CarPose:
     """Read the pose of a gymnasium ``Car`` (``env.unwrapped.car``)."""
     hull = car.hull

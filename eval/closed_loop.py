@@ -30,7 +30,7 @@ import io
 import json
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,12 @@ import torch
 from tqdm import tqdm
 
 from agents.expert import PurePursuitExpert
-from agents.rollout import drive, termination_reason
-from envs.car_racing import RENDERERS, make_car_racing
-from envs.state import PrivilegedState
+from agents.rollout import termination_reason
+from controllers.actions import clip_to_box
+from controllers.nsac import UncertainPrediction
+from envs.car_racing import RENDERERS
+from envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
+from envs.state import privileged_state
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from nsacdrive.backends import run_tasks
 
@@ -106,108 +109,195 @@ LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "ra
               "expert_action", "aleatoric", "epistemic", "attention")
 
 
-class LoggingDriver:
-    """The controller's clipped mean, then the optional throttle cap; logs every prediction.
+def episode_generator(key: EpisodeKey) -> torch.Generator:
+    """The controller's random stream of one episode, seeded from (track seed, repeat) only."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
 
-    At each step the privileged expert's action for the same state is logged too
-    (``expert_action``), so traces can be compared with what the teacher would have done.
+
+class EpisodeDrive:
+    """One episode of a lockstep group: its env, what it has seen, and its per-step log.
+
+    Each step executes the controller's clipped mean, then the optional throttle cap, and logs
+    the prediction, the state before the action and the privileged expert's action for the
+    same state (``expert_action``), so traces can be compared with what the teacher would have
+    done. Any exception (env fault, non-finite action) ends this episode only, as failed.
     """
 
-    needs_pixels = True
-
-    def __init__(self, agent: Any, cap: float | None, log: dict[str, list],
-                 on_frame: Callable[[np.ndarray], None] | None = None) -> None:
-        self.agent, self.cap, self.log, self.on_frame = agent, cap, log, on_frame
+    def __init__(self, key: EpisodeKey, max_steps: int, renderer: str, observation: str | None) -> None:
+        """``observation``: the controller's observation kind (picks the env), None when it could not be loaded."""
+        self.key = key
+        self.generator = episode_generator(key)
         self.expert = PurePursuitExpert()
+        self.log: dict[str, list] = {name: [] for name in LOG_FIELDS}
+        self.observation = np.zeros(observation_kind(observation or DEFAULT_FRAME_KIND).raw_shape, dtype=np.uint8)  # if the env fails
+        self.speed, self.score = 0.0, 0.0
+        self.terminated = self.truncated = False
+        self.info: dict[str, Any] = {}
+        self.error: str | None = None
+        self.traceback = ""
+        self.env: Any = None
+        if observation is None:
+            return
+        try:
+            self.env = make_env_for(observation, key.colour_preset, max_steps, renderer)
+            self.observation, _ = self.env.reset(seed=key.track_seed)
+            self.state = privileged_state(self.env)
+            self.speed = self.state.pose.forward_speed
+            self.expert.reset()
+        except Exception as exc:
+            self.fail(exc)
 
-    def reset(self) -> None:
-        self.agent.reset()
-        self.expert.reset()
+    @property
+    def running(self) -> bool:
+        return self.error is None and not (self.terminated or self.truncated)
 
-    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
-        if self.on_frame is not None:
-            self.on_frame(observation)
-        action = self.agent.act(observation, state)
-        prediction = self.agent.last_prediction
-        if not np.all(np.isfinite(prediction.mean.numpy())):
-            raise FloatingPointError(f"non-finite action {prediction.mean.numpy().tolist()}")
-        executed = throttle_cap(action, float(torch.sqrt(prediction.total[0, 0])), self.cap)
-        self.log["raw_action"].append(prediction.mean[0].numpy())
-        self.log["aleatoric"].append(prediction.aleatoric[0].numpy())
-        self.log["epistemic"].append(prediction.epistemic[0].numpy())
-        length = len(self.agent.offsets)
-        attention = prediction.attention[0].numpy() if prediction.attention is not None else np.full(length, np.nan)
-        self.log["attention"].append(attention)
-        self.log["executed_action"].append(executed)
-        self.log["expert_action"].append(self.expert.act(observation, state))
-        return executed
+    def fail(self, exc: Exception) -> None:
+        """End the episode as failed (called inside an ``except`` block; the first fault is kept)."""
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.traceback = traceback.format_exc()
 
-
-def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
-                on_frame: Callable[[np.ndarray], None] | None = None,
-                on_agent: Callable[[Any], None] | None = None,
-                renderer: str = "fast") -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
-    """Drive one episode; never raises — failures become a failed record.
-
-    ``on_frame`` (optional) receives every observation the controller sees, e.g. for a video;
-    ``on_agent`` (optional) receives the :class:`eval.driver.ControllerAgent` before the first
-    step, e.g. to hook its network and record internals of every prediction.
-    """
-    from eval.driver import ControllerAgent
-
-    model = "?"
-    try:
-        agent = ControllerAgent(key.run, samples=samples)
-        model = agent.train_config.model.model
-        if on_agent is not None:
-            on_agent(agent)
-        torch.manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
-        env = make_car_racing(colour_preset=key.colour_preset, max_episode_steps=max_steps, renderer=renderer)
-        log: dict[str, list] = {name: [] for name in LOG_FIELDS}
-        last, score = None, 0.0
-        for step in drive(env, LoggingDriver(agent, cap, log, on_frame), key.track_seed):
-            state = step.state
+    def step(self, prediction: UncertainPrediction, row: int, cap: float | None) -> None:
+        """Act on row ``row`` of the group's prediction and advance the env one step."""
+        try:
+            mean = prediction.mean[row]
+            if not bool(torch.isfinite(mean).all()):
+                raise FloatingPointError(f"non-finite action {mean.numpy().tolist()}")
+            action = clip_to_box(mean).numpy().astype(np.float32)
+            executed = throttle_cap(action, float(torch.sqrt(prediction.total[row, 0])), cap)
+            state, log = self.state, self.log
+            log["raw_action"].append(mean.numpy())
+            log["aleatoric"].append(prediction.aleatoric[row].numpy())
+            log["epistemic"].append(prediction.epistemic[row].numpy())
+            log["attention"].append(prediction.attention[row].numpy())
+            log["executed_action"].append(executed)
+            log["expert_action"].append(self.expert.act(self.observation, state))
             log["pose"].append((state.pose.x, state.pose.y, state.pose.angle))
             log["speed"].append(state.pose.forward_speed)
             log["lateral_error"].append(state.lateral_error)
             log["heading_error"].append(state.heading_error)
             log["progress"].append(state.progress)
-            last = step
-            score += step.reward
-        base = env.unwrapped
-        completion = base.tile_visited_count / len(base.track)
-        env.close()
-    except Exception as exc:  # an env or controller fault fails this episode only
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        record = EpisodeRecord(key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=True, reason=reason)
-        return record, {"traceback": np.array(traceback.format_exc())}
-    arrays = {name: np.asarray(values, dtype=np.float32) for name, values in log.items()}
-    lateral = np.abs(arrays["lateral_error"])
-    off_road = lateral > base.geometry.half_width
-    raw = arrays["raw_action"]
-    record = EpisodeRecord(
-        key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=False,
-        reason=termination_reason(last.terminated, last.truncated, last.info), steps=len(lateral), score=float(score),
-        lap_finished=bool(last.info.get("lap_finished", False)), route_completion=float(completion),
-        mean_abs_lateral_error=float(lateral.mean()), max_abs_lateral_error=float(lateral.max()),
-        off_road_fraction=float(off_road.mean()), off_road_events=int(np.count_nonzero(off_road[1:] & ~off_road[:-1]) + off_road[0]),
-        mean_speed=float(arrays["speed"].mean()),
-        mean_steer_std=float(np.sqrt(arrays["aleatoric"][:, 0] + arrays["epistemic"][:, 0]).mean()),
-        clip_rate=float(np.mean(np.any(np.abs(raw - np.clip(raw, [-1, 0, 0], [1, 1, 1])) > 0, axis=1))) if len(raw) else 0.0,
-    )
-    return record, arrays
+            self.observation, reward, self.terminated, self.truncated, self.info = self.env.step(executed)
+            self.score += float(reward)
+            self.state = privileged_state(self.env)
+            self.speed = self.state.pose.forward_speed
+        except Exception as exc:
+            self.fail(exc)
+
+    def result(self, model: str) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+        key = self.key
+        if self.env is not None:
+            self.env.close()
+        if self.error is not None:
+            record = EpisodeRecord(key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=True, reason=self.error)
+            return record, {"traceback": np.array(self.traceback)}
+        arrays = {name: np.asarray(values, dtype=np.float32) for name, values in self.log.items()}
+        base = self.env.unwrapped
+        lateral = np.abs(arrays["lateral_error"])
+        off_road = lateral > base.geometry.half_width
+        raw = arrays["raw_action"]
+        record = EpisodeRecord(
+            key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=False,
+            reason=termination_reason(self.terminated, self.truncated, self.info), steps=len(lateral), score=self.score,
+            lap_finished=bool(self.info.get("lap_finished", False)),
+            route_completion=float(base.tile_visited_count / len(base.track)),
+            mean_abs_lateral_error=float(lateral.mean()), max_abs_lateral_error=float(lateral.max()),
+            off_road_fraction=float(off_road.mean()),
+            off_road_events=int(np.count_nonzero(off_road[1:] & ~off_road[:-1]) + off_road[0]),
+            mean_speed=float(arrays["speed"].mean()),
+            mean_steer_std=float(np.sqrt(arrays["aleatoric"][:, 0] + arrays["epistemic"][:, 0]).mean()),
+            clip_rate=float(np.mean(np.any(np.abs(raw - np.clip(raw, [-1, 0, 0], [1, 1, 1])) > 0, axis=1))) if len(raw) else 0.0,
+        )
+        return record, arrays
 
 
-def _episode_worker(key: EpisodeKey, out_dir: str, max_steps: int, samples: int | None, cap: float | None,
-                    renderer: str) -> dict[str, Any]:
-    record, arrays = run_episode(key, max_steps, samples, cap, renderer=renderer)
+def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None, cap: float | None,
+                 renderer: str = "fast", on_frame: Callable[[int, np.ndarray], None] | None = None,
+                 on_policy: Callable[[Any], None] | None = None) -> list[tuple[EpisodeRecord, dict[str, np.ndarray]]]:
+    """Drive a group of episodes of one run in lockstep: one controller call per step for all of them.
+
+    Never raises: a fault fails its episode (or, in the controller call, every running one).
+    The batch keeps all ``len(keys)`` rows until the last episode ends (a finished episode
+    re-sends its last frame), so each row's numbers depend only on the group, never on when
+    the others finish: the same group always gives the same episodes. ``on_frame(i, frame)``
+    receives every frame episode ``i`` acts on (videos); ``on_policy`` receives the
+    :class:`eval.driver.ControllerPolicy` before the first step (e.g. to hook its network).
+    """
+    from eval.driver import ControllerPolicy
+
+    if len({key.run for key in keys}) != 1:
+        raise ValueError(f"a lockstep group drives one run, got {sorted({key.run for key in keys})}")
+    try:
+        policy = ControllerPolicy(keys[0].run, samples=samples)
+        policy.reset_episodes(len(keys))
+        if on_policy is not None:
+            on_policy(policy)
+    except Exception as exc:  # an unreadable run fails its episodes, not the evaluation
+        failed = [EpisodeDrive(key, max_steps, renderer, None) for key in keys]
+        for drive in failed:
+            drive.fail(exc)
+        return [drive.result("?") for drive in failed]
+    drives = [EpisodeDrive(key, max_steps, renderer, policy.train_config.model.observation) for key in keys]
+    rows = np.arange(len(keys))
+    generators = [drive.generator for drive in drives]
+    while any(drive.running for drive in drives):
+        if on_frame is not None:
+            for i, drive in enumerate(drives):
+                if drive.running:
+                    on_frame(i, drive.observation)
+        observations = np.stack([drive.observation for drive in drives])
+        speeds = np.array([drive.speed for drive in drives], dtype=np.float32) if policy.model.speed_input else None
+        try:
+            prediction = policy.predict_episodes(rows, observations, speeds, generators)
+            if prediction.attention is None:  # heads that do not attend over the frames
+                prediction.attention = torch.full((len(keys), len(policy.offsets)), float("nan"))
+        except Exception as exc:
+            for drive in drives:
+                if drive.running:
+                    drive.fail(exc)
+            break
+        for i, drive in enumerate(drives):
+            if drive.running:
+                drive.step(prediction, i, cap)
+    return [drive.result(policy.train_config.model.model) for drive in drives]
+
+
+def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
+                on_frame: Callable[[np.ndarray], None] | None = None,
+                on_policy: Callable[[Any], None] | None = None,
+                renderer: str = "fast") -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+    """One episode on its own (a group of one, :func:`run_episodes`)."""
+    frame_hook = None if on_frame is None else (lambda _, frame: on_frame(frame))
+    return run_episodes([key], max_steps, samples, cap, renderer, frame_hook, on_policy)[0]
+
+
+def batch_groups(keys: Sequence[EpisodeKey], batch: int) -> list[list[EpisodeKey]]:
+    """Consecutive keys of the same run, ``batch`` at a time: the lockstep groups of an evaluation.
+
+    A pure function of the key list, so a resumed or re-driven evaluation rebuilds the same groups."""
+    groups: list[list[EpisodeKey]] = []
+    for key in keys:
+        if groups and groups[-1][0].run == key.run and len(groups[-1]) < batch:
+            groups[-1].append(key)
+        else:
+            groups.append([key])
+    return groups
+
+
+def _group_worker(keys: list[EpisodeKey], out_dir: str, max_steps: int, samples: int | None, cap: float | None,
+                  renderer: str) -> int:
+    """Drive one lockstep group and write its episodes not yet on disk; returns the group size."""
     folder = Path(out_dir) / "episodes"
-    with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-    data = {**asdict(record), "driving_score": record.driving_score, "episode_id": key.episode_id}
-    atomic_write_json(folder / f"{key.episode_id}.json", data)
-    return data
+    group = [[k.colour_preset, k.track_seed, k.repeat] for k in keys]
+    for key, (record, arrays) in zip(keys, run_episodes(keys, max_steps, samples, cap, renderer)):
+        if (folder / f"{key.episode_id}.json").exists():
+            continue  # finished before a resume; the group re-drives it identically
+        with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
+            with open(tmp, "wb") as handle:
+                np.savez_compressed(handle, **arrays)
+        data = {**asdict(record), "driving_score": record.driving_score, "episode_id": key.episode_id, "batch_group": group}
+        atomic_write_json(folder / f"{key.episode_id}.json", data)
+    return len(keys)
 
 
 def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, Any]]:
@@ -238,13 +328,16 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
                          max_steps: int = 1000, workers: int = 1, samples: int | None = None,
                          cap: float | None = None, resume: bool = False, progress: bool = True,
                          backend: str = "process", address: str | None = None, trials: int = 1,
-                         renderer: str = "fast") -> list[dict[str, Any]]:
+                         renderer: str = "fast", batch: int = 8) -> list[dict[str, Any]]:
     """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
 
     ``repeats`` evaluation runs of ``trials`` episodes per (seed, preset) each: episode repeat
     k = run·trials + trial seeds the controller RNG; success is mean ± std over the runs.
 
     ``renderer``: how frames are drawn (``fast``, the default, or gymnasium's ``stock`` code).
+    ``batch``: episodes driven in lockstep per controller call (:func:`batch_groups`); part of the
+    evaluation's identity like the seeds (a group's rows share one network call, whose float
+    rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups.
     ``backend``/``address`` choose where episodes run (``nsacdrive.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
     """
@@ -252,18 +345,21 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
         raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
     if repeats < 1 or trials < 1:
         raise ValueError(f"--runs and --trials must be >= 1, got {repeats} and {trials}")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
     keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds
             for repeat in range(repeats * trials)]
     folder = out_dir / "episodes"
     done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
     if done and not resume:
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
-    todo = [k for k in keys if k not in done]
-    args = [(k, str(out_dir), max_steps, samples, cap, renderer) for k in todo]
-    results = run_tasks(_episode_worker, args, workers, backend=backend, address=address)
-    with tqdm(total=len(keys), initial=len(done), unit="episode", desc="closed loop", disable=not progress) as bar:
-        for _ in results:
-            bar.update(1)
+    todo = [group for group in batch_groups(keys, batch) if any(k not in done for k in group)]
+    args = [(group, str(out_dir), max_steps, samples, cap, renderer) for group in todo]
+    results = run_tasks(_group_worker, args, workers, backend=backend, address=address)
+    with tqdm(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
+              disable=not progress) as bar:
+        for size in results:
+            bar.update(size)
     records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(records[0]))
@@ -273,5 +369,6 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     rows = aggregate(records, trials)
     atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
                                                      "samples": samples, "seeds": seeds, "colour_presets": presets,
-                                                     "repeats": repeats, "trials": trials, "renderer": renderer})
+                                                     "repeats": repeats, "trials": trials, "renderer": renderer,
+                                                     "batch": batch})
     return rows

@@ -68,7 +68,10 @@ class InternalsRecorder:
     """Hooks a :class:`eval.driver.ControllerAgent`'s network; one summary row per prediction.
 
     Pass :meth:`attach` as ``on_agent`` to the re-drive. ``kind`` says what was found: ``nsac``,
-    ``nac``, ``levy`` or ``none`` (then ``reason`` says why nothing is recorded).
+    ``nac``, ``levy`` or ``none`` (then ``reason`` says why nothing is recorded). In a lockstep
+    group only this episode's ``row`` of the batch is recorded: batched heads see every row in
+    one call (the row is sliced out); heads that predict row by row (``episode_row`` set by
+    :meth:`controllers.heads.UncertaintyHead.predict_episodes`) are recorded on this row's call.
     """
 
     def __init__(self) -> None:
@@ -78,11 +81,14 @@ class InternalsRecorder:
         self.neuron_rows: list[dict[str, np.ndarray]] = []
         self._frames = 0  # T, read from the layer input
         self._pending: dict[str, Any] = {}
+        self.row = 0
+        self._head: Any = None
 
-    def attach(self, agent: Any) -> None:
-        """Register the hooks on ``agent.model`` (the ``on_agent`` callback of a re-drive)."""
+    def attach(self, agent: Any, row: int = 0) -> None:
+        """Register the hooks on ``agent.model`` (the ``on_agent`` callback of a re-drive) for batch row ``row``."""
         model = agent.model
         head = model.head if isinstance(model, Controller) else None
+        self.row, self._head = row, head
         if head is None:
             self.reason = f"{type(model).__name__} holds several controllers; there is no single circuit to record"
             return
@@ -108,12 +114,22 @@ class InternalsRecorder:
         self.reason = ""
 
     # NSAC ---------------------------------------------------------------------------------
+    def _rows(self) -> slice | None:
+        """The batch rows of this episode in the current call, or None when the call is another row's."""
+        per_row = getattr(self._head, "episode_row", None)
+        if per_row is None:
+            return slice(self.row, self.row + 1)
+        return slice(None) if per_row == self.row else None
+
     def _nsac_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         self._frames = int(args[0].shape[1])
         return args, {**kwargs, "return_internals": True}
 
     def _nsac_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        internals: NSACInternals = output.internals
+        rows = self._rows()
+        if rows is None:
+            return
+        internals: NSACInternals = output.internals.rows(rows)
         row = {name: _mean(getattr(internals, attr)) for name, attr in
                (("phi", "phi"), ("kappa", "kappa"), ("psi", "psi"), ("effective_time", "effective_time"),
                 ("ou_mean", "ou_mean"), ("ou_std", "ou_std"))}
@@ -126,10 +142,15 @@ class InternalsRecorder:
         self._frames = int(args[0].shape[1])
 
     def _nac_circuit(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self._pending["circuit"] = output[1]
+        rows = self._rows()
+        if rows is not None:
+            self._pending["circuit"] = output[1].rows(rows)
 
     def _nac_attention(self, module: nn.Module, args: tuple, output: Any) -> None:
-        weights = args[0].detach()  # softmax weights [B(·S), H, 1, K] before dropout
+        rows = self._rows()
+        if rows is None:
+            return
+        weights = args[0].detach()[rows]  # softmax weights [B(·S), H, 1, K] before dropout
         config = self._nac.config
         draws = weights[:, :, 0]  # every row of the batch is one draw of the same step (MC dropout repeats it)
         # All keys kept, in frame order (corrected mode, K ≥ T); otherwise (block top-K, K < T) the
@@ -140,12 +161,15 @@ class InternalsRecorder:
 
     # Lévy ---------------------------------------------------------------------------------
     def _levy_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        rows = self._rows()
+        if rows is None:
+            return
         attention = output.attention
         row = {}
         for signal, values in (("evidence", attention.evidence), ("disagreement", attention.disagreement),
                                ("deviation", attention.deviation)):
             for k, action in enumerate(ACTION_NAMES):
-                row[f"{signal}_{action}"] = float(values[0, k])
+                row[f"{signal}_{action}"] = float(values[rows][0, k])
         self.rows.append(row)
         self.neuron_rows.append({})
 

@@ -1,6 +1,6 @@
 """Videos of closed-loop episodes: what the controller saw, what it did, how unsure it was.
 
-An episode is re-driven (:func:`eval.closed_loop.run_episode` is deterministic: same key, same
+An episode is re-driven (:func:`eval.closed_loop.run_episodes` is deterministic: same group, same
 settings → same actions) and every 96×96 frame the controller saw is upscaled and written with
 a panel underneath: step, speed and signed lateral error as text, bars for the executed steer,
 gas and brake, the expert's steer as a yellow marker on the steer bar, and a bar for the
@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from envs.geometry import TRACK_HALF_WIDTH
-from eval.closed_loop import EpisodeKey, run_episode
+from eval.closed_loop import EpisodeKey, run_episodes
 from eval.results import EvaluationError, load_aggregates, load_episode
 from nsacdrive.atomic import atomic_path
 
@@ -58,22 +58,30 @@ def write_episode_video(eval_dir: Path, episode_id: str, out_path: Path, fps: in
 
 
 def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None, run: str | Path | None = None,
-                    on_agent: Callable[[Any], None] | None = None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+                    on_agent: Callable[[Any, int], None] | None = None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """Re-drive one logged episode with the evaluation's settings: its per-step arrays and every raw
     frame the controller saw, after checking that the executed actions match the log.
 
+    The episode is re-driven inside its lockstep group (``batch_group`` in its record;
+    :func:`eval.closed_loop.run_episodes`), so every row sees the batch it was evaluated in.
     ``run`` replaces the run folder recorded in the episode (an evaluation read from another
-    working directory); ``on_agent`` is passed to :func:`eval.closed_loop.run_episode`.
+    working directory); ``on_agent(policy, row)`` receives the controller before the first step
+    and this episode's row in the group's batch (e.g. to hook the network's internals).
     """
     record, logged = load_episode(Path(eval_dir), episode_id)
     settings = load_aggregates(Path(eval_dir))
-    key = EpisodeKey(str(run if run is not None else record["run"]), record["colour_preset"], record["track_seed"],
-                     record["repeat"])
+    run_dir = str(run if run is not None else record["run"])
+    group = record.get("batch_group", [[record["colour_preset"], record["track_seed"], record["repeat"]]])
+    keys = [EpisodeKey(run_dir, preset, int(seed), int(repeat)) for preset, seed, repeat in group]
+    row = next(i for i, key in enumerate(keys)
+               if (key.colour_preset, key.track_seed, key.repeat) == (record["colour_preset"], record["track_seed"], record["repeat"]))
     frames: list[np.ndarray] = []
     samples = samples if samples is not None else settings.get("samples")
-    redriven, arrays = run_episode(key, settings["max_steps"], samples, settings["throttle_cap"],
-                                   on_frame=lambda frame: frames.append(np.array(frame)), on_agent=on_agent,
-                                   renderer=settings.get("renderer", "fast"))
+    results = run_episodes(keys, settings["max_steps"], samples, settings["throttle_cap"],
+                           renderer=settings.get("renderer", "fast"),
+                           on_frame=lambda i, frame: frames.append(np.array(frame)) if i == row else None,
+                           on_policy=None if on_agent is None else (lambda policy: on_agent(policy, row)))
+    redriven, arrays = results[row]
     if redriven.failed:
         raise EvaluationError(f"{episode_id}: re-driving the episode failed ({redriven.reason})")
     check_same_actions(episode_id, logged["executed_action"], arrays["executed_action"])

@@ -51,15 +51,14 @@ def test_same_seeds_give_identical_episodes_and_resume_skips_finished_ones(train
 def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tmp_path, monkeypatch):
     from eval import driver
 
-    original = driver.ControllerAgent.predict
+    original = driver.ControllerPolicy.predict_episodes
 
-    def broken(self, observation, speed=None):
-        prediction = original(self, observation, speed)
-        if self.frames and len(self.frames) >= 5:
-            prediction.mean[:] = float("nan")
+    def broken(self, episodes, observations, speeds=None, generators=None):
+        prediction = original(self, episodes, observations, speeds, generators)
+        prediction.mean[self.seen[episodes] >= 5] = float("nan")
         return prediction
 
-    monkeypatch.setattr(driver.ControllerAgent, "predict", broken)
+    monkeypatch.setattr(driver.ControllerPolicy, "predict_episodes", broken)
     rows = evaluate_closed_loop([trained_run], [3, 4], ["default"], 1, tmp_path, max_steps=20, progress=False)
     assert rows[0]["episodes"] == 2 and rows[0]["failed"] == 2
     record = json.loads((tmp_path / "episodes" / "run_default_seed000004_r0.json").read_text())
@@ -132,4 +131,4 @@ def test_cached_tokens_give_the_same_prediction_as_re_encoding_the_sequence(trai
         assert torch.allclose(cached.mean, full.mean, atol=1e-5), step
         assert torch.allclose(cached.aleatoric, full.aleatoric, rtol=1e-4, atol=1e-7), step
     agent.reset()
-    assert not agent.frames and not agent.tokens
+    assert not agent.frames and agent.seen.tolist() == [0]

@@ -1,0 +1,102 @@
+"""Lockstep closed-loop evaluation: B episodes per controller call, each on its own random stream."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from run_fixtures import TINY_MODEL
+
+from controllers.heads import global_rng_from
+from controllers.registry import ModelConfig, build_controller
+from eval.closed_loop import EpisodeKey, batch_groups, evaluate_closed_loop, run_episode, run_episodes
+
+TIMES = torch.tensor([[-0.06, -0.04, -0.02, 0.0]])
+
+
+def _tokens(batch: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, 4, TINY_MODEL["encoder"].token_dim, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("model", ["nsac", "mcdropout", "sdenet", "levy"])
+def test_each_row_draws_from_its_own_generator(model):
+    torch.manual_seed(0)
+    controller = build_controller(ModelConfig(model=model, **TINY_MODEL, levy_frames=4)).eval()
+    tokens, times = _tokens(3), TIMES.expand(3, -1)
+
+    def predict(seeds, rows=slice(None)):
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        return controller.predict_tokens(tokens[rows], times[rows], samples=8, generators=generators)
+
+    batched = predict([10, 11, 12])
+    alone = predict([11], slice(1, 2))  # row 1 on its own, same stream
+    torch.testing.assert_close(batched.mean[1:2], alone.mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(batched.epistemic[1:2], alone.epistemic, rtol=1e-4, atol=1e-8)
+    other = predict([10, 99, 12])  # another stream for row 1 only
+    torch.testing.assert_close(other.mean[[0, 2]], batched.mean[[0, 2]], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(other.epistemic[1], batched.epistemic[1])  # row 1's draws did change
+
+
+def test_a_row_stream_is_the_global_stream_of_the_same_seed():
+    """One episode on its own generator = the same episode seeded through torch.manual_seed."""
+    torch.manual_seed(0)
+    controller = build_controller(ModelConfig(model="nsac", **TINY_MODEL)).eval()
+    tokens = _tokens(1)
+    torch.manual_seed(1234)
+    global_stream = controller.predict_tokens(tokens, TIMES, samples=8)
+    own = controller.predict_tokens(tokens, TIMES, samples=8, generators=[torch.Generator().manual_seed(1234)])
+    assert torch.equal(global_stream.mean, own.mean) and torch.equal(global_stream.epistemic, own.epistemic)
+
+
+def test_global_rng_from_swaps_and_hands_back_the_state():
+    generator = torch.Generator().manual_seed(5)
+    expected = torch.randn(4, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with global_rng_from(generator):
+        drawn = torch.randn(4)
+    assert torch.equal(drawn, expected) and torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.randn(2, generator=generator), torch.randn(6, generator=torch.Generator().manual_seed(5))[4:])
+
+
+def test_batch_groups_are_consecutive_keys_of_one_run():
+    keys = [EpisodeKey(run, "default", seed, 0) for run in ("a", "b") for seed in range(5)]
+    groups = batch_groups(keys, 3)
+    assert [[k.track_seed for k in g] for g in groups] == [[0, 1, 2], [3, 4], [0, 1, 2], [3, 4]]
+    assert all(len({k.run for k in g}) == 1 for g in groups)
+    assert batch_groups(keys, 1) == [[k] for k in keys]
+
+
+@pytest.fixture(scope="module")
+def nsac_run(tmp_path_factory):
+    from run_fixtures import tiny_run
+
+    return tiny_run(tmp_path_factory.mktemp("lockstep"), model="nsac")
+
+
+def test_a_group_drives_every_episode_like_its_own_loop(nsac_run):
+    keys = [EpisodeKey(str(nsac_run), "default", seed, 0) for seed in (3, 4, 5)]
+    grouped = run_episodes(keys, 40, None, None)
+    for key, (record, arrays) in zip(keys, grouped):
+        single, single_arrays = run_episode(key, 40, None, None)
+        assert not record.failed and record.steps == single.steps == 40
+        # the same episode: one network call for three rows only changes float rounding
+        np.testing.assert_allclose(arrays["executed_action"], single_arrays["executed_action"], atol=1e-3)
+        assert record.track_seed == key.track_seed
+
+
+def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_run, tmp_path):
+    args = ([nsac_run], [3, 4, 5], ["default"], 1)
+    evaluate_closed_loop(*args, tmp_path / "one", max_steps=30, progress=False, batch=2, workers=1)
+    evaluate_closed_loop(*args, tmp_path / "two", max_steps=30, progress=False, batch=2, workers=2)
+    for seed in (3, 4, 5):
+        name = f"run_default_seed{seed:06d}_r0"
+        one, two = (np.load(tmp_path / d / "episodes" / f"{name}.npz") for d in ("one", "two"))
+        assert np.array_equal(one["executed_action"], two["executed_action"])
+    record = json.loads((tmp_path / "one" / "episodes" / "run_default_seed000004_r0.json").read_text())
+    assert record["batch_group"] == [["default", 3, 0], ["default", 4, 0]]
+    assert json.loads((tmp_path / "one" / "aggregates.json").read_text())["batch"] == 2
+    with pytest.raises(ValueError, match="--batch"):
+        evaluate_closed_loop(*args, tmp_path / "x", batch=0, progress=False)
