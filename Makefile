@@ -38,7 +38,7 @@ demo: install
 	$(NSAC) data info data/demo
 	$(NSAC) train --data data/demo --out runs/demo-nsac --config configs/demo.json --resume
 	$(NSAC) evaluate-offline runs/demo-nsac --data data/demo --colour-preset shift-3 --out runs/demo-offline
-	$(NSAC) eval runs/demo-nsac --seeds 42,1000-1001 --colour-preset default,shift-3 --out runs/demo-closed-loop --resume
+	$(NSAC) eval runs/demo-nsac --seeds 42,1000-1001 --colour-preset default,shift-3 --batch 3 --out runs/demo-closed-loop --resume
 	$(NSAC) report runs/demo-closed-loop --offline runs/demo-offline --out runs/demo-report
 
 lint: install

@@ -198,8 +198,14 @@ class TelemetryHandler:
 
     @classmethod
     def from_run(cls, run_dir: str | Path, config: ServeConfig | None = None, samples: int | None = None) -> TelemetryHandler:
-        """A handler driving with a trained run folder (loaded by :class:`eval.driver.ControllerAgent`)."""
+        """A handler driving with a trained run folder (loaded by :class:`eval.driver.ControllerAgent`).
+
+        Inference runs on one thread: a batch-1 prediction gains nothing from more, and spinning
+        OpenMP threads on a busy machine turn milliseconds into a second per frame."""
         from eval.driver import ControllerAgent
+        from nsacdrive.workers import single_threaded_worker
+
+        single_threaded_worker()
 
         agent = ControllerAgent(run_dir, samples=samples)
         return cls(agent, observation_kind(agent.train_config.model.observation).raw_shape, agent.model.speed_input, config)

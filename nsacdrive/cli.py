@@ -158,7 +158,7 @@ def expert_train(
     if n_envs is not None:
         overrides["n_envs"] = n_envs
     try:
-        config = PPOConfig.pixels_recipe(**overrides) if obs == "pixels" else PPOConfig(obs=obs, **overrides)
+        config = PPOConfig.pixels_recipe(**overrides) if obs == "pixels" else PPOConfig.state_recipe(**overrides)
         model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)

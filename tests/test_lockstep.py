@@ -100,3 +100,26 @@ def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_
     assert json.loads((tmp_path / "one" / "aggregates.json").read_text())["batch"] == 2
     with pytest.raises(ValueError, match="--batch"):
         evaluate_closed_loop(*args, tmp_path / "x", batch=0, progress=False)
+
+
+def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simulator(tmp_path):
+    from controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
+    from controllers.encoders import EncoderConfig
+    from controllers.training import TrainConfig
+
+    model = ModelConfig(model="nsac", observation="udacity", encoder=EncoderConfig(kind="nvidia", token_dim=16), d_model=16,
+                        num_heads=4, topk=8, speed_input=True)
+    config = TrainConfig(data="unused", model=model, sequence_length=3, frame_stride=2)
+    torch.manual_seed(0)
+    write_config(tmp_path / "run", config.to_dict())
+    save_weights(build_controller(model), tmp_path / "run" / WEIGHTS_FILE)
+    frames: list[np.ndarray] = []
+    record, arrays = run_episode(EpisodeKey(str(tmp_path / "run"), "shift-3", 3, 0), 25, 4, None,
+                                 on_frame=lambda frame: frames.append(frame))
+    assert not record.failed and record.steps == 25, record.reason
+    assert frames[0].shape == (160, 320, 3) and len(frames) == 25  # the front camera, not the 96×96 top view
+    assert arrays["attention"].shape == (25, 3) and np.allclose(arrays["attention"].sum(1), 1, atol=1e-4)
+    with pytest.raises(ValueError, match="front-camera"):
+        from envs.observation_kinds import make_env_for
+
+        make_env_for("udacity", "default", 10, renderer="stock")

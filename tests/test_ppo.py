@@ -17,7 +17,9 @@ from agents.ppo import (
     PPOConfig,
     PrivilegedStateObservation,
     make_pixel_env,
+    OffRoadTermination,
     make_state_env,
+    pedal_to_car_action,
     train_ppo,
 )
 from agents.registry import make_agent
@@ -33,8 +35,28 @@ SMOKE = dict(timesteps=2048, n_envs=1, n_steps=256, batch_size=128, n_epochs=2, 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo") / "state"
-    train_ppo(PPOConfig(**SMOKE), out)
+    train_ppo(PPOConfig.state_recipe(**SMOKE), out)
     return out
+
+
+def test_pedal_axis_never_presses_gas_and_brake_together():
+    np.testing.assert_allclose(pedal_to_car_action(np.array([0.3, 0.6])), [0.3, 0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(pedal_to_car_action(np.array([-2.0, -0.25])), [-1.0, 0.0, 0.25], rtol=1e-6)
+    env = make_state_env(seed=3, pedal_action=True, frame_skip=2)
+    assert env.action_space.shape == (2,)
+    env.step(np.array([0.0, 1.0], dtype=np.float32))
+
+
+def test_off_road_termination_ends_training_episodes_with_a_penalty():
+    env = make_state_env(seed=3, off_road_patience=5, off_road_penalty=20.0)
+    env.reset(seed=3)
+    steps, reward, terminated, info = 0, 0.0, False, {}
+    while not terminated and steps < 400:  # full lock and throttle: the car leaves the road
+        _, reward, terminated, truncated, info = env.step(np.array([1.0, 1.0, 0.0], dtype=np.float32))
+        steps += 1
+    assert terminated and info.get("off_road_termination") and reward < -19
+    plain = make_state_env(seed=3)  # evaluation envs: no such termination
+    assert not isinstance(plain, OffRoadTermination)
 
 
 def test_state_wrapper_gives_privileged_vector():
