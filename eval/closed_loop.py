@@ -245,6 +245,7 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
             for i, drive in enumerate(drives):
                 if drive.running:
                     on_frame(i, drive.observation)
+        policy.live = np.array([drive.running for drive in drives])
         observations = np.stack([drive.observation for drive in drives])
         speeds = np.array([drive.speed for drive in drives], dtype=np.float32) if policy.model.speed_input else None
         try:

@@ -57,6 +57,8 @@ class ControllerPolicy:
         self.offsets = sequence_offsets(length, stride)
         self.timestamps = torch.from_numpy(sequence_timestamps(length, stride))[None].to(self.device)
         self.history = -int(self.offsets[0]) + 1
+        #: set by a lockstep driver: which episodes are still running (None: all), for hooks that record per episode
+        self.live: np.ndarray | None = None
         self.reset_episodes(1)
 
     def reset_episodes(self, episodes: int) -> None:

@@ -83,12 +83,13 @@ class InternalsRecorder:
         self._pending: dict[str, Any] = {}
         self.row = 0
         self._head: Any = None
+        self._agent: Any = None
 
     def attach(self, agent: Any, row: int = 0) -> None:
         """Register the hooks on ``agent.model`` (the ``on_agent`` callback of a re-drive) for batch row ``row``."""
         model = agent.model
         head = model.head if isinstance(model, Controller) else None
-        self.row, self._head = row, head
+        self.row, self._head, self._agent = row, head, agent
         if head is None:
             self.reason = f"{type(model).__name__} holds several controllers; there is no single circuit to record"
             return
@@ -115,7 +116,11 @@ class InternalsRecorder:
 
     # NSAC ---------------------------------------------------------------------------------
     def _rows(self) -> slice | None:
-        """The batch rows of this episode in the current call, or None when the call is another row's."""
+        """The batch rows of this episode in the current call, or None when the call is another row's
+        or comes after this episode ended (a lockstep group predicts until its last episode ends)."""
+        live = getattr(self._agent, "live", None)
+        if live is not None and not live[self.row]:
+            return None
         per_row = getattr(self._head, "episode_row", None)
         if per_row is None:
             return slice(self.row, self.row + 1)

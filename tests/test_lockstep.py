@@ -123,3 +123,26 @@ def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simul
         from envs.observation_kinds import make_env_for
 
         make_env_for("udacity", "default", 10, renderer="stock")
+
+
+def test_an_internals_recorder_stops_when_its_episode_ends_in_a_longer_group(nsac_run, monkeypatch):
+    """A group predicts until its last episode ends; per-episode hooks must not record past their own end."""
+    from eval import driver
+    from eval.potentials import InternalsRecorder
+
+    original = driver.ControllerPolicy.predict_episodes
+
+    def row_one_fails_at_its_sixth_prediction(self, episodes, observations, speeds=None, generators=None):
+        prediction = original(self, episodes, observations, speeds, generators)
+        if self.seen[1] == 6:
+            prediction.mean[1] = float("nan")
+        return prediction
+
+    monkeypatch.setattr(driver.ControllerPolicy, "predict_episodes", row_one_fails_at_its_sixth_prediction)
+    recorders = [InternalsRecorder(), InternalsRecorder()]
+    keys = [EpisodeKey(str(nsac_run), "default", seed, 0) for seed in (3, 4)]
+    results = run_episodes(keys, 30, None, None, on_policy=lambda policy: [r.attach(policy, row) for row, r in enumerate(recorders)])
+    (first, _), (second, _) = results
+    assert not first.failed and first.steps == 30 and second.failed and "non-finite" in second.reason
+    assert recorders[0].kind == "nsac" and len(recorders[0].rows) == 30
+    assert len(recorders[1].rows) == 6  # five good steps and the faulty prediction, nothing after
