@@ -141,14 +141,12 @@ def make_car_racing(
         max_episode_steps: truncation horizon (1000 = the standard CarRacing protocol).
         renderer: ``"stock"`` (gymnasium's pygame drawing) or ``"fast"`` (envs.fast_render).
     """
+    return make_registered(ENV_ID, max_episode_steps, colour_preset=colour_preset,
+                           render_observations=render_observations, render_mode=render_mode, renderer=renderer)
+
+
+def make_registered(env_id: str, max_episode_steps: int, **kwargs: Any) -> gym.Env:
+    """``gym.make`` of one of our registered envs with a checked horizon (the factories' shared step)."""
     if max_episode_steps <= 0:
         raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-    return gym.make(
-        ENV_ID,
-        colour_preset=colour_preset,
-        render_observations=render_observations,
-        render_mode=render_mode,
-        max_episode_steps=max_episode_steps,
-        renderer=renderer,
-        disable_env_checker=True,
-    )
+    return gym.make(env_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.car_racing import MAX_EPISODE_STEPS, NsacCarRacing
+from envs.car_racing import MAX_EPISODE_STEPS, NsacCarRacing, make_registered
 from envs.front_camera import CameraConfig, FrontCamera
 
 ENV_ID = "nsacdrive/UdacityStyle-v0"
@@ -129,15 +129,6 @@ def make_udacity_style(
         side_cameras: also draw the left/right cameras into every info dict.
         camera: the camera geometry (the default is the Udacity-like 320×160 view).
     """
-    if max_episode_steps <= 0:
-        raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-    return gym.make(
-        ENV_ID,
-        colour_preset=colour_preset,
-        render_observations=render_observations,
-        render_mode=render_mode,
-        max_episode_steps=max_episode_steps,
-        side_cameras=side_cameras,
-        camera=camera,
-        disable_env_checker=True,
-    )
+    return make_registered(ENV_ID, max_episode_steps, colour_preset=colour_preset,
+                           render_observations=render_observations, render_mode=render_mode,
+                           side_cameras=side_cameras, camera=camera)

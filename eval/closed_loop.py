@@ -240,6 +240,7 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
     drives = [EpisodeDrive(key, max_steps, renderer, policy.train_config.model.observation) for key in keys]
     rows = np.arange(len(keys))
     generators = [drive.generator for drive in drives]
+    no_attention = torch.full((len(keys), len(policy.offsets)), float("nan"))  # heads that do not attend over the frames
     while any(drive.running for drive in drives):
         if on_frame is not None:
             for i, drive in enumerate(drives):
@@ -250,8 +251,8 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
         speeds = np.array([drive.speed for drive in drives], dtype=np.float32) if policy.model.speed_input else None
         try:
             prediction = policy.predict_episodes(rows, observations, speeds, generators)
-            if prediction.attention is None:  # heads that do not attend over the frames
-                prediction.attention = torch.full((len(keys), len(policy.offsets)), float("nan"))
+            if prediction.attention is None:
+                prediction.attention = no_attention
         except Exception as exc:
             for drive in drives:
                 if drive.running:
