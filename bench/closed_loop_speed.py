@@ -1,30 +1,35 @@
 """Closed-loop speed: env steps/s with a controller in the loop vs the env alone, one episode at
-a time and B episodes in lockstep, and evaluation throughput with 1 and 2 workers.
+a time, B episodes in lockstep, and two lockstep groups double-buffered with the controller in
+its own process; then evaluation throughput with 1 and 2 workers.
 
 Speed depends on the architecture, not on the weights, so the controller is an untrained
 (seeded) instance of ``configs/quality.json``: the CNN encoder and the 64-wide, 16-head NSAC of
 the quality runs, reading the speed, 20 draws per prediction. It drives track 42 and its
-neighbours with the fast renderer on one thread.
+neighbours with the fast renderer, every process on one torch thread.
 
 Rows, side by side, each against its own "env alone" — the very actions the controller
 executed, replayed in the same loop without it: one episode re-encoding all T frames every
 step (a naive loop); one episode with cached tokens (:class:`eval.driver.ControllerAgent`); B
-episodes in lockstep with one controller call per step (:class:`eval.driver.ControllerPolicy`,
-what ``nsacdrive eval --batch B`` does) — env step + reading the speed + controller, nothing
-else. Stepping B envs round-robin is itself slower than one env (each has its own Box2D world
-and frame buffers, so caches are cold), which is why every loop gets its own baseline. Target
+episodes in lockstep with one controller call per step in the same process
+(:class:`eval.driver.ControllerPolicy`, ``nsacdrive eval --batch B --inference inline``); two
+groups of B with the controller in its own process, one group's envs stepping while the other's
+prediction is computed (:class:`eval.inference.InferenceProcess`, ``--inference process``) —
+env step + reading the speed + controller, nothing else. The double-buffered loop uses a second
+core for the controller; the inline rows show what the controller costs on the env's core.
+Stepping B envs round-robin is itself slower than one env (each has its own Box2D world and
+frame buffers, so caches are cold), which is why every loop gets its own baseline. Target
 (issue 6): with the controller in the loop ≥ 85 % of the env-alone rate. Then the whole
-evaluator (:func:`eval.closed_loop.run_episodes`: privileged state, expert labels and the
-per-step log on top) and its scaling from 1 to 2 workers.
+evaluator (privileged state, expert labels and the per-step log on top), inline and
+double-buffered, and ``nsacdrive eval`` with 1 and 2 workers.
 Usage: ``python bench/closed_loop_speed.py``.
 """
-
 from __future__ import annotations
 
 import json
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +47,9 @@ from controllers.training import TrainConfig  # noqa: E402
 from envs.car_racing import make_car_racing  # noqa: E402
 from envs.observation import preprocess_observation  # noqa: E402
 from envs.state import forward_speed  # noqa: E402
-from eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, run_episodes  # noqa: E402
+from eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, run_episodes, run_pipelined  # noqa: E402
 from eval.driver import ControllerAgent, ControllerPolicy  # noqa: E402
+from eval.inference import InferenceProcess  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 STEPS = 300
@@ -86,45 +92,103 @@ def one_episode_rate(agent: ControllerAgent) -> tuple[float, list[np.ndarray]]:
     return len(actions) / (time.perf_counter() - start), actions
 
 
-def lockstep_rates(run: Path, batch: int) -> tuple[float, float]:
-    """Steps/s of ``batch`` envs driven in lockstep by one controller call per step (env + speed +
-    controller), and of the same envs replaying the executed actions round-robin without it."""
-    policy = ControllerPolicy(run)
-    policy.reset_episodes(batch)
-    seeds = [42 + k for k in range(batch)]
-    envs = [make_car_racing(renderer="fast", max_episode_steps=STEPS) for _ in seeds]
-    observations = [env.reset(seed=seed)[0] for env, seed in zip(envs, seeds)]
-    generators = [episode_generator(EpisodeKey(str(run), "default", seed, 0)) for seed in seeds]
-    rows = np.arange(batch)
-    executed: list[list[np.ndarray]] = [[] for _ in seeds]
-    running = [True] * batch
+class BareGroup:
+    """B envs (tracks 42, 43, …) driven by one controller call per step: env step + speed + controller."""
+
+    def __init__(self, seeds: list[int], run: Path) -> None:
+        self.seeds = seeds
+        self.envs = [make_car_racing(renderer="fast", max_episode_steps=STEPS) for _ in seeds]
+        self.observations = np.stack([env.reset(seed=seed)[0] for env, seed in zip(self.envs, seeds)])
+        self.generators = [episode_generator(EpisodeKey(str(run), "default", seed, 0)) for seed in seeds]
+        self.executed: list[list[np.ndarray]] = [[] for _ in seeds]
+        self.running = [True] * len(seeds)
+
+    def speeds(self) -> np.ndarray:
+        return np.array([forward_speed(env.unwrapped.car) for env in self.envs], dtype=np.float32)
+
+    def act(self, prediction) -> None:
+        actions = clip_to_box(prediction.mean).numpy()
+        for i, env in enumerate(self.envs):
+            if self.running[i]:
+                self.observations[i], _, terminated, truncated, _ = env.step(actions[i])
+                self.executed[i].append(actions[i])
+                self.running[i] = not (terminated or truncated)
+
+    @property
+    def steps(self) -> int:
+        return sum(map(len, self.executed))
+
+
+def replayed_rate(groups: list[BareGroup]) -> float:
+    """Steps/s of the groups' envs replaying the executed actions round-robin, with no controller."""
+    for group in groups:
+        for env, seed in zip(group.envs, group.seeds):
+            env.reset(seed=seed)
+    pairs = [(env, actions) for group in groups for env, actions in zip(group.envs, group.executed)]
     start = time.perf_counter()
-    while any(running):
-        speeds = np.array([forward_speed(env.unwrapped.car) for env in envs], dtype=np.float32)
-        prediction = policy.predict_episodes(rows, np.stack(observations), speeds, generators)
-        for i, env in enumerate(envs):
-            if running[i]:
-                action = clip_to_box(prediction.mean[i]).numpy()
-                observations[i], _, terminated, truncated, _ = env.step(action)
-                executed[i].append(action)
-                running[i] = not (terminated or truncated)
-    in_loop = sum(map(len, executed)) / (time.perf_counter() - start)
-    for env, seed in zip(envs, seeds):
-        env.reset(seed=seed)
-    start = time.perf_counter()
-    for step in range(max(map(len, executed))):
-        for env, actions in zip(envs, executed):
+    for step in range(max(len(actions) for _, actions in pairs)):
+        for env, actions in pairs:
             if step < len(actions):
                 env.step(actions[step])
-    return in_loop, sum(map(len, executed)) / (time.perf_counter() - start)
+    return sum(group.steps for group in groups) / (time.perf_counter() - start)
 
 
-def evaluator_rate(run: Path, batch: int) -> float:
-    """Steps/s of the whole evaluator on ``batch`` episodes in one lockstep group (one process)."""
-    keys = [EpisodeKey(str(run), "default", 42 + k, 0) for k in range(batch)]
+def lockstep_rates(run: Path, batch: int) -> tuple[float, float]:
+    """Steps/s of ``batch`` envs driven in lockstep by one controller call per step, in this process,
+    and of the same envs replaying the executed actions without it."""
+    policy = ControllerPolicy(run)
+    policy.reset_episodes(batch)
+    group = BareGroup([42 + k for k in range(batch)], run)
+    rows = np.arange(batch)
     start = time.perf_counter()
-    results = run_episodes(keys, STEPS, None, None)
-    return sum(record.steps for record, _ in results) / (time.perf_counter() - start)
+    while any(group.running):
+        group.act(policy.predict_episodes(rows, group.observations, group.speeds(), group.generators))
+    return group.steps / (time.perf_counter() - start), replayed_rate([group])
+
+
+def double_buffered_rates(run: Path, batch: int) -> tuple[float, float]:
+    """Steps/s of two lockstep groups of ``batch`` envs with the controller in its own process
+    (:class:`eval.inference.InferenceProcess`): one group's envs step while the other's
+    prediction is computed; and of the 2·``batch`` envs replaying the executed actions without it."""
+    groups = [BareGroup([42 + g * batch + k for k in range(batch)], run) for g in range(2)]
+    with InferenceProcess(run) as server:
+        for slot, group in enumerate(groups):
+            server.open_group(slot, group.generators)
+        start = time.perf_counter()
+        in_flight = deque(enumerate(groups))
+        for slot, group in in_flight:
+            server.submit(slot, group.observations, group.speeds())
+        while in_flight:
+            slot, group = in_flight.popleft()
+            group.act(server.collect())
+            if any(group.running):
+                server.submit(slot, group.observations, group.speeds())
+                in_flight.append((slot, group))
+        in_loop = sum(group.steps for group in groups) / (time.perf_counter() - start)
+    return in_loop, replayed_rate(groups)
+
+
+def evaluator_rates(run: Path, batch: int) -> tuple[float, float]:
+    """Steps/s of the whole evaluator on two lockstep groups of ``batch`` episodes in one process:
+    one group after the other (:func:`run_episodes`), and double-buffered (:func:`run_pipelined`,
+    including the inference process's start)."""
+    groups = [[EpisodeKey(str(run), "default", 42 + g * batch + k, 0) for k in range(batch)] for g in range(2)]
+    start = time.perf_counter()
+    steps = sum(record.steps for keys in groups for record, _ in run_episodes(keys, STEPS, None, None))
+    inline = steps / (time.perf_counter() - start)
+    start = time.perf_counter()
+    steps = sum(record.steps for results in run_pipelined(groups, STEPS, None, None) for record, _ in results)
+    return inline, steps / (time.perf_counter() - start)
+
+
+def eval_throughput(run: Path, workers: int, inference: str) -> float:
+    """Steps/s of ``nsacdrive eval`` on :data:`SCALING_SEEDS`, batch 8, start-up included."""
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        evaluate_closed_loop([run], SCALING_SEEDS, ["default"], 1, Path(folder), max_steps=STEPS, workers=workers,
+                             progress=False, batch=8, inference=inference)
+        steps = sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json"))
+        return steps / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -136,31 +200,27 @@ def main() -> None:
         env_alone = replay_rate(actions, 42, renderer="fast")
         in_loop = {"1 episode, re-encoding T frames": (one_episode_rate(ReEncodingAgent(run))[0], env_alone),
                    "1 episode, cached tokens": (rate, env_alone)}
-        in_loop.update({f"{b} episodes in lockstep": lockstep_rates(run, b) for b in BATCHES})
+        in_loop.update({f"{b} episodes in lockstep, controller inline": lockstep_rates(run, b) for b in BATCHES})
+        in_loop.update({f"2 × {b} episodes double-buffered, controller in its own process": double_buffered_rates(run, b)
+                        for b in BATCHES})
         for what, (value, alone) in in_loop.items():
-            rows.append((f"controller in the loop, {what}: steps/s (env alone)",
-                         f"{value:.0f} ({alone:.0f})  → {100 * value / alone:.0f} %"))
+            rows.append((f"{what}: steps/s (env alone)", f"{value:.0f} ({alone:.0f})  → {100 * value / alone:.0f} %"))
         rows.append(("target: controller in the loop / env alone", "≥ 85 %"))
-        evaluator = {b: evaluator_rate(run, b) for b in BATCHES}
-        for b, value in evaluator.items():
-            rows.append((f"whole evaluator (state, expert labels, log), batch {b}", f"{value:.0f} steps/s"))
-        throughput = {}
-        for workers in (1, 2):
-            with tempfile.TemporaryDirectory() as folder:
-                start = time.perf_counter()
-                evaluate_closed_loop([run], SCALING_SEEDS, ["default"], 1, Path(folder), max_steps=STEPS,
-                                     workers=workers, progress=False, batch=8)
-                steps = sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json"))
-                throughput[workers] = steps / (time.perf_counter() - start)
-    rows += [
-        (f"nsacdrive eval, {len(SCALING_SEEDS)} episodes, batch 8, 1 worker (incl. start-up)", f"{throughput[1]:.0f} steps/s"),
-        (f"nsacdrive eval, {len(SCALING_SEEDS)} episodes, batch 8, 2 workers (incl. start-up)",
-         f"{throughput[2]:.0f} steps/s  ({throughput[2] / throughput[1]:.2f}×)"),
-    ]
+        evaluator = {b: evaluator_rates(run, b) for b in BATCHES}
+        for b, (inline, piped) in evaluator.items():
+            rows.append((f"whole evaluator (state, expert labels, log), 2 groups of {b}: inline | own process",
+                         f"{inline:.0f} | {piped:.0f} steps/s"))
+        throughput = {(1, "inline"): eval_throughput(run, 1, "inline"), (1, "process"): eval_throughput(run, 1, "process"),
+                      (2, "inline"): eval_throughput(run, 2, "inline")}
+    base = throughput[1, "inline"]
+    for (workers, inference), value in throughput.items():
+        rows.append((f"nsacdrive eval, {len(SCALING_SEEDS)} episodes, batch 8, {workers} worker{'s' * (workers > 1)}, "
+                     f"--inference {inference} (incl. start-up)", f"{value:.0f} steps/s  ({value / base:.2f}×)"))
     print_table("closed-loop benchmark (untrained configs/quality.json NSAC; speed depends on the architecture only)", rows)
     atomic_write_json(ROOT / "bench" / "results" / "closed_loop_speed.json",
                       {"in_loop": {k: {"steps_per_s": v, "env_alone": a} for k, (v, a) in in_loop.items()},
-                       "evaluator": {str(b): v for b, v in evaluator.items()}, "eval_throughput": throughput, "steps": STEPS})
+                       "evaluator": {str(b): {"inline": i, "process": p} for b, (i, p) in evaluator.items()},
+                       "eval_throughput": {f"{w} workers, {m}": v for (w, m), v in throughput.items()}, "steps": STEPS})
 
 
 if __name__ == "__main__":

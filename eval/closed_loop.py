@@ -29,7 +29,9 @@ import csv
 import io
 import json
 import math
+import os
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,9 +48,11 @@ from controllers.nsac import UncertainPrediction
 from envs.car_racing import RENDERERS
 from envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from envs.state import privileged_state
+from eval.driver import ControllerInterface, ControllerPolicy
 from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from nsacdrive.backends import run_tasks
 
+INFERENCE_MODES = ("auto", "inline", "process")
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
 
@@ -211,57 +215,147 @@ class EpisodeDrive:
         return record, arrays
 
 
+class LockstepGroup:
+    """The episodes of one lockstep group between controller calls: their inputs in, the prediction out.
+
+    The batch keeps all rows until the last episode ends (a finished episode re-sends its last
+    frame), so each row's numbers depend only on the group, never on when the others finish.
+    ``interface`` None (the controller could not be loaded) builds the episodes without envs, to
+    be failed with :meth:`fail`.
+    """
+
+    def __init__(self, keys: Sequence[EpisodeKey], max_steps: int, renderer: str,
+                 interface: ControllerInterface | None, cap: float | None) -> None:
+        self.interface = interface
+        self.cap = cap
+        self.drives = [EpisodeDrive(key, max_steps, renderer, interface and interface.observation) for key in keys]
+        self.generators = [drive.generator for drive in self.drives]
+        # heads that do not attend over the frames log NaN attention
+        self._no_attention = torch.full((len(keys), interface.frames if interface else 0), float("nan"))
+
+    @property
+    def running(self) -> bool:
+        return any(drive.running for drive in self.drives)
+
+    @property
+    def live(self) -> np.ndarray:
+        """Which episodes are still running."""
+        return np.array([drive.running for drive in self.drives])
+
+    def inputs(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every row's newest frame [B, …] and, for controllers that read it, measured speed [B]."""
+        observations = np.stack([drive.observation for drive in self.drives])
+        speeds = np.array([drive.speed for drive in self.drives], dtype=np.float32) if self.interface.speed_input else None
+        return observations, speeds
+
+    def act(self, prediction: UncertainPrediction) -> None:
+        """Step every running episode on its row of ``prediction``."""
+        if prediction.attention is None:
+            prediction.attention = self._no_attention
+        for row, drive in enumerate(self.drives):
+            if drive.running:
+                drive.step(prediction, row, self.cap)
+
+    def fail(self, exc: Exception) -> None:
+        """A fault of the controller call: every running episode fails with it."""
+        for drive in self.drives:
+            if drive.running:
+                drive.fail(exc)
+
+    def results(self) -> list[tuple[EpisodeRecord, dict[str, np.ndarray]]]:
+        model = self.interface.model if self.interface else "?"
+        return [drive.result(model) for drive in self.drives]
+
+
+def _unloadable(keys: Sequence[EpisodeKey], max_steps: int, renderer: str, exc: Exception) -> list[tuple[EpisodeRecord, dict]]:
+    """An unreadable run fails its episodes, not the evaluation (called inside ``except``)."""
+    group = LockstepGroup(keys, max_steps, renderer, None, None)
+    for drive in group.drives:
+        drive.fail(exc)
+    return group.results()
+
+
+def _one_run(keys: Sequence[EpisodeKey]) -> str:
+    if len({key.run for key in keys}) != 1:
+        raise ValueError(f"a lockstep group drives one run, got {sorted({key.run for key in keys})}")
+    return keys[0].run
+
+
 def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None, cap: float | None,
                  renderer: str = "fast", on_frame: Callable[[int, np.ndarray], None] | None = None,
                  on_policy: Callable[[Any], None] | None = None) -> list[tuple[EpisodeRecord, dict[str, np.ndarray]]]:
     """Drive a group of episodes of one run in lockstep: one controller call per step for all of them.
 
     Never raises: a fault fails its episode (or, in the controller call, every running one).
-    The batch keeps all ``len(keys)`` rows until the last episode ends (a finished episode
-    re-sends its last frame), so each row's numbers depend only on the group, never on when
-    the others finish: the same group always gives the same episodes. ``on_frame(i, frame)``
+    The same group always gives the same episodes (:class:`LockstepGroup`). ``on_frame(i, frame)``
     receives every frame episode ``i`` acts on (videos); ``on_policy`` receives the
     :class:`eval.driver.ControllerPolicy` before the first step (e.g. to hook its network).
     """
-    from eval.driver import ControllerPolicy
-
-    if len({key.run for key in keys}) != 1:
-        raise ValueError(f"a lockstep group drives one run, got {sorted({key.run for key in keys})}")
+    run = _one_run(keys)
     try:
-        policy = ControllerPolicy(keys[0].run, samples=samples)
+        policy = ControllerPolicy(run, samples=samples)
         policy.reset_episodes(len(keys))
         if on_policy is not None:
             on_policy(policy)
-    except Exception as exc:  # an unreadable run fails its episodes, not the evaluation
-        failed = [EpisodeDrive(key, max_steps, renderer, None) for key in keys]
-        for drive in failed:
-            drive.fail(exc)
-        return [drive.result("?") for drive in failed]
-    drives = [EpisodeDrive(key, max_steps, renderer, policy.train_config.model.observation) for key in keys]
+    except Exception as exc:
+        return _unloadable(keys, max_steps, renderer, exc)
+    group = LockstepGroup(keys, max_steps, renderer, policy.interface, cap)
     rows = np.arange(len(keys))
-    generators = [drive.generator for drive in drives]
-    no_attention = torch.full((len(keys), len(policy.offsets)), float("nan"))  # heads that do not attend over the frames
-    while any(drive.running for drive in drives):
+    while group.running:
         if on_frame is not None:
-            for i, drive in enumerate(drives):
+            for i, drive in enumerate(group.drives):
                 if drive.running:
                     on_frame(i, drive.observation)
-        policy.live = np.array([drive.running for drive in drives])
-        observations = np.stack([drive.observation for drive in drives])
-        speeds = np.array([drive.speed for drive in drives], dtype=np.float32) if policy.model.speed_input else None
+        policy.live = group.live
         try:
-            prediction = policy.predict_episodes(rows, observations, speeds, generators)
-            if prediction.attention is None:
-                prediction.attention = no_attention
+            prediction = policy.predict_episodes(rows, *group.inputs(), group.generators)
         except Exception as exc:
-            for drive in drives:
-                if drive.running:
-                    drive.fail(exc)
+            group.fail(exc)
             break
-        for i, drive in enumerate(drives):
-            if drive.running:
-                drive.step(prediction, i, cap)
-    return [drive.result(policy.train_config.model.model) for drive in drives]
+        group.act(prediction)
+    return group.results()
+
+
+def run_pipelined(groups: Sequence[Sequence[EpisodeKey]], max_steps: int, samples: int | None, cap: float | None,
+                  renderer: str = "fast") -> list[list[tuple[EpisodeRecord, dict[str, np.ndarray]]]]:
+    """Drive lockstep groups of one run with the controller in its own process, double-buffered.
+
+    Every group has one request in flight: while the inference process predicts for one group,
+    this process steps another's envs (:mod:`eval.inference`). Each group gives exactly the
+    episodes :func:`run_episodes` gives it. Never raises: a controller fault fails the running
+    episodes of its group; an inference process that cannot start or dies fails every group's.
+    """
+    from eval.inference import InferenceError, InferenceProcess
+
+    run = _one_run([key for keys in groups for key in keys])
+    try:
+        server = InferenceProcess(run, samples)
+    except Exception as exc:
+        return [_unloadable(keys, max_steps, renderer, exc) for keys in groups]
+    with server:
+        lockstep = [LockstepGroup(keys, max_steps, renderer, server.interface, cap) for keys in groups]
+        in_flight: deque[tuple[int, LockstepGroup]] = deque()  # submission order = reply order
+        try:
+            for slot, group in enumerate(lockstep):
+                server.open_group(slot, group.generators)
+                if group.running:
+                    server.submit(slot, *group.inputs())
+                    in_flight.append((slot, group))
+            while in_flight:
+                slot, group = in_flight.popleft()
+                try:
+                    prediction = server.collect()
+                except InferenceError as exc:
+                    group.fail(exc)
+                    continue
+                group.act(prediction)
+                if group.running:
+                    server.submit(slot, *group.inputs())
+                    in_flight.append((slot, group))
+        except InferenceError as exc:  # the process is gone: nothing more can be predicted
+            for group in lockstep:
+                group.fail(exc)
+    return [group.results() for group in lockstep]
 
 
 def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
@@ -273,33 +367,59 @@ def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float
     return run_episodes([key], max_steps, samples, cap, renderer, frame_hook, on_policy)[0]
 
 
+def _consecutive(items: Sequence[Any], size: int, run_of: Callable[[Any], str]) -> list[list[Any]]:
+    """Consecutive items of the same run, ``size`` at a time."""
+    chunks: list[list[Any]] = []
+    for item in items:
+        if chunks and run_of(chunks[-1][0]) == run_of(item) and len(chunks[-1]) < size:
+            chunks[-1].append(item)
+        else:
+            chunks.append([item])
+    return chunks
+
+
 def batch_groups(keys: Sequence[EpisodeKey], batch: int) -> list[list[EpisodeKey]]:
     """Consecutive keys of the same run, ``batch`` at a time: the lockstep groups of an evaluation.
 
     A pure function of the key list, so a resumed or re-driven evaluation rebuilds the same groups."""
-    groups: list[list[EpisodeKey]] = []
-    for key in keys:
-        if groups and groups[-1][0].run == key.run and len(groups[-1]) < batch:
-            groups[-1].append(key)
-        else:
-            groups.append([key])
-    return groups
+    return _consecutive(keys, batch, lambda key: key.run)
 
 
-def _group_worker(keys: list[EpisodeKey], out_dir: str, max_steps: int, samples: int | None, cap: float | None,
-                  renderer: str) -> int:
-    """Drive one lockstep group and write its episodes not yet on disk; returns the group size."""
+def resolve_inference(inference: str, backend: str, workers: int) -> str:
+    """``inline`` or ``process`` (:func:`run_pipelined`, local worker processes only); ``auto`` picks
+    ``process`` when the local machine has a core to spare for every worker's inference process
+    (cores ≥ 2 × workers)."""
+    if inference not in INFERENCE_MODES:
+        raise ValueError(f"--inference: expected one of {', '.join(INFERENCE_MODES)}, got {inference!r}")
+    if inference == "process" and backend != "process":
+        raise ValueError("--inference process: only with --backend process (a Ray task keeps its controller inline)")
+    if inference != "auto":
+        return inference
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return "process" if backend == "process" and cores >= 2 * max(workers, 1) else "inline"
+
+
+def _groups_worker(groups: list[list[EpisodeKey]], out_dir: str, max_steps: int, samples: int | None,
+                   cap: float | None, renderer: str, inference: str) -> int:
+    """Drive lockstep groups (inline one after another, or double-buffered with the controller in its
+    own process) and write their episodes not yet on disk; returns the number of episodes."""
+    if inference == "process":
+        results = run_pipelined(groups, max_steps, samples, cap, renderer)
+    else:
+        results = [run_episodes(keys, max_steps, samples, cap, renderer) for keys in groups]
     folder = Path(out_dir) / "episodes"
-    group = [[k.colour_preset, k.track_seed, k.repeat] for k in keys]
-    for key, (record, arrays) in zip(keys, run_episodes(keys, max_steps, samples, cap, renderer)):
-        if (folder / f"{key.episode_id}.json").exists():
-            continue  # finished before a resume; the group re-drives it identically
-        with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
-            with open(tmp, "wb") as handle:
-                np.savez_compressed(handle, **arrays)
-        data = {**asdict(record), "driving_score": record.driving_score, "episode_id": key.episode_id, "batch_group": group}
-        atomic_write_json(folder / f"{key.episode_id}.json", data)
-    return len(keys)
+    for keys, group_results in zip(groups, results):
+        group = [[k.colour_preset, k.track_seed, k.repeat] for k in keys]
+        for key, (record, arrays) in zip(keys, group_results):
+            if (folder / f"{key.episode_id}.json").exists():
+                continue  # finished before a resume; the group re-drives it identically
+            with atomic_path(folder / f"{key.episode_id}.npz") as tmp:
+                with open(tmp, "wb") as handle:
+                    np.savez_compressed(handle, **arrays)
+            data = {**asdict(record), "driving_score": record.driving_score, "episode_id": key.episode_id,
+                    "batch_group": group}
+            atomic_write_json(folder / f"{key.episode_id}.json", data)
+    return sum(map(len, groups))
 
 
 def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, Any]]:
@@ -330,7 +450,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
                          max_steps: int = 1000, workers: int = 1, samples: int | None = None,
                          cap: float | None = None, resume: bool = False, progress: bool = True,
                          backend: str = "process", address: str | None = None, trials: int = 1,
-                         renderer: str = "fast", batch: int = 8) -> list[dict[str, Any]]:
+                         renderer: str = "fast", batch: int = 8, inference: str = "inline") -> list[dict[str, Any]]:
     """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
 
     ``repeats`` evaluation runs of ``trials`` episodes per (seed, preset) each: episode repeat
@@ -342,6 +462,9 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups.
     ``backend``/``address`` choose where episodes run (``nsacdrive.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
+    ``inference``: where the controller runs (:func:`resolve_inference`): ``inline`` in each worker's
+    env loop, or ``process``, its own process beside each worker's, which drives two lockstep groups
+    double-buffered (:func:`run_pipelined`); both give the same episodes.
     """
     if renderer not in RENDERERS:
         raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
@@ -349,6 +472,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
         raise ValueError(f"--runs and --trials must be >= 1, got {repeats} and {trials}")
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
+    inference = resolve_inference(inference, backend, workers)
     keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds
             for repeat in range(repeats * trials)]
     folder = out_dir / "episodes"
@@ -356,8 +480,9 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     if done and not resume:
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
     todo = [group for group in batch_groups(keys, batch) if any(k not in done for k in group)]
-    args = [(group, str(out_dir), max_steps, samples, cap, renderer) for group in todo]
-    results = run_tasks(_group_worker, args, workers, backend=backend, address=address)
+    tasks = _consecutive(todo, 2 if inference == "process" else 1, lambda group: group[0].run)  # groups in flight together
+    args = [(groups, str(out_dir), max_steps, samples, cap, renderer, inference) for groups in tasks]
+    results = run_tasks(_groups_worker, args, workers, backend=backend, address=address)
     with tqdm(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
               disable=not progress) as bar:
         for size in results:
@@ -372,5 +497,5 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
                                                      "samples": samples, "seeds": seeds, "colour_presets": presets,
                                                      "repeats": repeats, "trials": trials, "renderer": renderer,
-                                                     "batch": batch})
+                                                     "batch": batch, "inference": inference})
     return rows

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,16 @@ def history_indices(newest: int, offsets: np.ndarray) -> list[int]:
     """Positions in a frame history of the T frames the network sees when frame ``newest`` is the
     latest, oldest first (start of episode: the first frame repeated)."""
     return [max(newest + int(offset), 0) for offset in offsets]
+
+
+@dataclass(frozen=True)
+class ControllerInterface:
+    """What a driving loop needs to know of a controller besides its predictions."""
+
+    model: str  # the head's name (nsac, gmle, …)
+    observation: str  # the observation kind it reads (envs.observation_kinds), which picks the env
+    speed_input: bool  # whether it reads the measured speed
+    frames: int  # frames per prediction (the width of a prediction's attention summary)
 
 
 class ControllerPolicy:
@@ -60,6 +71,11 @@ class ControllerPolicy:
         #: set by a lockstep driver: which episodes are still running (None: all), for hooks that record per episode
         self.live: np.ndarray | None = None
         self.reset_episodes(1)
+
+    @property
+    def interface(self) -> ControllerInterface:
+        model = self.train_config.model
+        return ControllerInterface(model.model, model.observation, bool(self.model.speed_input), len(self.offsets))
 
     def reset_episodes(self, episodes: int) -> None:
         """Forget every history and make room for ``episodes`` fresh ones."""

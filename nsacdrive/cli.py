@@ -273,6 +273,7 @@ def closed_loop_eval(
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
     batch: int = typer.Option(8, "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
+    inference: str = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
@@ -292,7 +293,7 @@ def closed_loop_eval(
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,
                                     backend=backend, address=address, trials=trials, renderer=renderer,
-                                    batch=batch)
+                                    batch=batch, inference=inference)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
