@@ -53,6 +53,7 @@ from eval.inference import InferenceProcess  # noqa: E402
 from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 STEPS = 300
+REPEATS = 3
 CONFIG = ROOT / "configs" / "quality.json"
 BATCHES = (8, 32)
 SCALING_SEEDS = [42, *range(1000, 1015)]  # 16 episodes: two lockstep groups of 8, one per worker
@@ -72,6 +73,14 @@ class ReEncodingAgent(ControllerAgent):
         speeds = None if speed is None else torch.tensor([[self.speeds[-len(self.frames):][i] for i in self.history_indices()]])
         self.last_prediction = self.model.predict(frames, self.timestamps, samples=self.samples, speed=speeds)
         return self.last_prediction
+
+
+def ratio_cell(pairs: list[tuple[float, float]]) -> str:
+    """"in-loop (env-alone) → ratio" of the median run, and the ratios' range when there are several."""
+    ratios = sorted(100 * value / alone for value, alone in pairs)
+    value, alone = sorted(pairs, key=lambda pair: pair[0] / pair[1])[len(pairs) // 2]
+    spread = f"  ({ratios[0]:.0f}–{ratios[-1]:.0f} % over {len(pairs)} runs)" if len(pairs) > 1 else ""
+    return f"{value:.0f} ({alone:.0f})  → {100 * value / alone:.0f} %{spread}"
 
 
 def untrained_run(config_path: Path, folder: Path) -> Path:
@@ -198,13 +207,17 @@ def main() -> None:
         run = untrained_run(CONFIG, Path(scratch) / "quality")
         rate, actions = one_episode_rate(ControllerAgent(run))
         env_alone = replay_rate(actions, 42, renderer="fast")
-        in_loop = {"1 episode, re-encoding T frames": (one_episode_rate(ReEncodingAgent(run))[0], env_alone),
-                   "1 episode, cached tokens": (rate, env_alone)}
-        in_loop.update({f"{b} episodes in lockstep, controller inline": lockstep_rates(run, b) for b in BATCHES})
-        in_loop.update({f"2 × {b} episodes double-buffered, controller in its own process": double_buffered_rates(run, b)
-                        for b in BATCHES})
-        for what, (value, alone) in in_loop.items():
-            rows.append((f"{what}: steps/s (env alone)", f"{value:.0f} ({alone:.0f})  → {100 * value / alone:.0f} %"))
+        in_loop = {"1 episode, re-encoding T frames": [(one_episode_rate(ReEncodingAgent(run))[0], env_alone)],
+                   "1 episode, cached tokens": [(rate, env_alone)]}
+        # the batched loops are the ones the target is about: each is measured REPEATS times (the
+        # machine's speed drifts by ±15 % between runs), the ratio reported as median (min–max)
+        for b in BATCHES:
+            in_loop[f"{b} episodes in lockstep, controller inline"] = [lockstep_rates(run, b) for _ in range(REPEATS)]
+        for b in BATCHES:
+            in_loop[f"2 × {b} episodes double-buffered, controller in its own process"] = [
+                double_buffered_rates(run, b) for _ in range(REPEATS)]
+        for what, pairs in in_loop.items():
+            rows.append((f"{what}: steps/s (env alone)", ratio_cell(pairs)))
         rows.append(("target: controller in the loop / env alone", "≥ 85 %"))
         evaluator = {b: evaluator_rates(run, b) for b in BATCHES}
         for b, (inline, piped) in evaluator.items():
@@ -218,7 +231,7 @@ def main() -> None:
                      f"--inference {inference} (incl. start-up)", f"{value:.0f} steps/s  ({value / base:.2f}×)"))
     print_table("closed-loop benchmark (untrained configs/quality.json NSAC; speed depends on the architecture only)", rows)
     atomic_write_json(ROOT / "bench" / "results" / "closed_loop_speed.json",
-                      {"in_loop": {k: {"steps_per_s": v, "env_alone": a} for k, (v, a) in in_loop.items()},
+                      {"in_loop": {k: [{"steps_per_s": v, "env_alone": a} for v, a in pairs] for k, pairs in in_loop.items()},
                        "evaluator": {str(b): {"inline": i, "process": p} for b, (i, p) in evaluator.items()},
                        "eval_throughput": {f"{w} workers, {m}": v for (w, m), v in throughput.items()}, "steps": STEPS})
 
