@@ -34,6 +34,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
+from agents.rollout import pedal_to_car_action
 from envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
 from envs.state import STATE_FIELDS, PrivilegedState, privileged_state
 
@@ -98,11 +99,6 @@ class PedalAction(gym.ActionWrapper):
 
     def action(self, action: np.ndarray) -> np.ndarray:
         return pedal_to_car_action(action)
-
-
-def pedal_to_car_action(action: np.ndarray) -> np.ndarray:
-    steer, pedal = np.clip(np.asarray(action, dtype=np.float32).reshape(-1), -1.0, 1.0)
-    return np.array([steer, max(pedal, 0.0), max(-pedal, 0.0)], dtype=np.float32)
 
 
 class OffRoadTermination(gym.Wrapper):
@@ -239,9 +235,10 @@ _ACTIVATIONS = ("tanh", "relu", "gelu")
 def _env_factory(config: PPOConfig, training: bool):
     if config.obs == "state":
         patience = config.off_road_patience if training else 0
-        return functools.partial(make_state_env, None, config.max_episode_steps, config.frame_skip, config.pedal_action,
-                                 patience, config.off_road_penalty)
-    return functools.partial(make_pixel_env, None, config.max_episode_steps, config.frame_skip)
+        return functools.partial(make_state_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip,
+                                 pedal_action=config.pedal_action, off_road_patience=patience,
+                                 off_road_penalty=config.off_road_penalty)
+    return functools.partial(make_pixel_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip)
 
 
 def _vec_env(config: PPOConfig, seed: int, n_envs: int, training: bool = True):
@@ -462,7 +459,6 @@ class PPOAgent:
         if self.cfg.norm_obs:
             policy_input = self.vecnorm.normalize_obs(policy_input)
         action, _ = self.model.predict(policy_input, deterministic=True)
-        self._last_action = np.clip(np.asarray(action, dtype=np.float32).reshape(-1), self._low, self._high)
-        if self.cfg.pedal_action:
-            self._last_action = pedal_to_car_action(self._last_action)
+        action = np.asarray(action, dtype=np.float32).reshape(-1)
+        self._last_action = pedal_to_car_action(action) if self.cfg.pedal_action else np.clip(action, self._low, self._high)
         return self._last_action.copy()

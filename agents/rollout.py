@@ -29,11 +29,13 @@ def apply_action_noise(action: np.ndarray, rng: np.random.Generator, sigma: floa
     if sigma <= 0:
         return action
     steer_noise, pedal_noise = rng.normal(0.0, sigma, size=2)
-    pedal = float(action[1] - action[2]) + pedal_noise
-    return np.array(
-        [np.clip(action[0] + steer_noise, -1.0, 1.0), np.clip(pedal, 0.0, 1.0), np.clip(-pedal, 0.0, 1.0)],
-        dtype=np.float32,
-    )
+    return pedal_to_car_action(np.array([action[0] + steer_noise, float(action[1] - action[2]) + pedal_noise]))
+
+
+def pedal_to_car_action(action: np.ndarray) -> np.ndarray:
+    """(steer, signed pedal) → CarRacing's (steer, gas, brake): gas = max(p, 0), brake = max(−p, 0), clipped to the box."""
+    steer, pedal = np.clip(np.asarray(action, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    return np.array([steer, max(pedal, 0.0), max(-pedal, 0.0)], dtype=np.float32)
 
 
 @dataclass(frozen=True)

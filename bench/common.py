@@ -24,16 +24,20 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
-def replay_rate(actions: list[np.ndarray], seed: int, **env_kwargs: Any) -> float:
-    """Env steps/s replaying ``actions`` on track ``seed`` in an env built with ``env_kwargs``."""
-    from envs.car_racing import make_car_racing  # lazy: the torch-only benches need no env
+def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., Any] | None = None, **env_kwargs: Any) -> float:
+    """Env steps/s replaying ``actions`` on track ``seed`` in an env built by ``make_env`` (default:
+    :func:`envs.car_racing.make_car_racing`) with ``env_kwargs``."""
+    if make_env is None:
+        from envs.car_racing import make_car_racing as make_env  # lazy: the torch-only benches need no env
 
-    env = make_car_racing(max_episode_steps=len(actions) + 1, **env_kwargs)
+    env = make_env(max_episode_steps=len(actions) + 1, **env_kwargs)
     env.reset(seed=seed)
     start = time.perf_counter()
     for action in actions:
         env.step(action)
-    return len(actions) / (time.perf_counter() - start)
+    rate = len(actions) / (time.perf_counter() - start)
+    env.close()
+    return rate
 
 
 class PeakRss:

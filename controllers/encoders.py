@@ -51,7 +51,7 @@ class EncoderConfig:
         return ENCODERS[self.kind].TOKENS_PER_FRAME
 
 
-def check_frames(frames: torch.Tensor, frame_shape: tuple[int, int, int] = PREPROCESSED_FRAME_SHAPE) -> None:
+def check_frames(frames: torch.Tensor, frame_shape: tuple[int, int, int]) -> None:
     if frames.dim() != 5 or tuple(frames.shape[2:]) != frame_shape:
         raise ValueError(
             f"frames must have shape [B, T, {', '.join(map(str, frame_shape))}] "
@@ -96,7 +96,6 @@ class FrameEncoder(PerFrameEncoder):
         )
         with torch.no_grad():
             shape = self.features(torch.zeros(1, *PREPROCESSED_FRAME_SHAPE)).shape
-        self.map_shape = tuple(shape[2:])
         self.to_token = nn.Sequential(nn.Flatten(), nn.Linear(shape[1] * shape[2] * shape[3], config.token_dim), nn.ReLU())
 
 
@@ -153,7 +152,6 @@ class NvidiaEncoder(PerFrameEncoder):
         with torch.no_grad():
             shape = self.features(torch.zeros(1, *self.FRAME_SHAPE)).shape
         assert tuple(shape[1:]) == (self.CHANNELS, 1, self.TOKENS_PER_FRAME), shape
-        self.map_shape = tuple(shape[2:])
         projection = nn.Identity() if config.token_dim == self.CHANNELS else nn.Linear(self.CHANNELS, config.token_dim)
         self.to_token = nn.Sequential(ColumnTokens(), projection)
 

@@ -41,10 +41,10 @@ from controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, 
 from controllers.registry import ModelConfig, build_controller
 from controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
 from data_collection.dataset import (
-    UDACITY_PREFIX,
     EpisodeGroupedSampler,
     SequenceAugment,
     SequenceDataset,
+    is_udacity_data,
     load_episode_records,
 )
 from nsacdrive.atomic import atomic_path, atomic_write_json
@@ -83,7 +83,7 @@ class TrainConfig:
     init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:
-        udacity_data = any(part.strip().startswith(UDACITY_PREFIX) for part in str(self.data).split(","))
+        udacity_data = is_udacity_data(self.data)
         if isinstance(self.model, dict):
             model = {"observation": "udacity", **self.model} if udacity_data else self.model
             object.__setattr__(self, "model", ModelConfig.from_dict(model))

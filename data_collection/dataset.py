@@ -91,14 +91,24 @@ class EpisodeRecord:
 def dataset_roots(data: str | Path | Sequence[str | Path]) -> list[Path]:
     """One or more dataset folders: a path, a comma-separated list (``data/bc,runs/dagger/round-1/data``)
     or a sequence of paths — DAgger trains on the union of the demonstrations and every round."""
-    parts = str(data).split(",") if isinstance(data, (str, Path)) else [str(d) for d in data]
-    roots = [_dataset_folder(part.strip()) for part in parts if part.strip()]
+    roots = [_dataset_folder(part) for part in _data_parts(data)]
     if not roots:
         raise DatasetError(f"no dataset folder given in {data!r}")
     for root in roots:
         if not root.is_dir():
             raise DatasetError(f"{root}: dataset folder does not exist")
     return roots
+
+
+def _data_parts(data: str | Path | Sequence[str | Path]) -> list[str]:
+    """The non-empty folder names of a data path (see :func:`dataset_roots`)."""
+    parts = str(data).split(",") if isinstance(data, (str, Path)) else [str(d) for d in data]
+    return [part.strip() for part in parts if part.strip()]
+
+
+def is_udacity_data(data: str | Path | Sequence[str | Path]) -> bool:
+    """Whether a data path names a Udacity recording (``udacity:DIR``)."""
+    return any(part.startswith(UDACITY_PREFIX) for part in _data_parts(data))
 
 
 def _dataset_folder(part: str) -> Path:
@@ -230,8 +240,10 @@ class SequenceDataset(Dataset):
         episode, step = (int(v) for v in self.index[item])
         steps = step + self._offsets
         cameras = self._frames(episode)
-        frames, labels = cameras["center"][steps], self.episodes[episode].actions[steps]
-        if self.augment is not None:
+        labels = self.episodes[episode].actions[steps]
+        if self.augment is None:
+            frames = cameras["center"][steps]
+        else:
             rng = np.random.default_rng([self.augment_seed, item])
             frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng)
         return {

@@ -52,11 +52,11 @@ import numpy as np
 from data_collection.dataset import DatasetError
 from data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from data_collection.manifest import sidecar_paths, write_manifest
+from data_collection.udacity_layout import LOG_NAME
 from envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACITY_RAW_FRAME_SHAPE
 from nsacdrive.atomic import PARTIAL_SUFFIX, atomic_write_json
 
 SOURCE = "udacity-import"
-LOG_NAME = "driving_log.csv"
 CAMERAS = tuple(CAMERA_ARRAYS)  # center, left, right: the log's first three columns
 LOG_COLUMNS = (*CAMERAS, "steering", "throttle", "brake", "speed")
 DEFAULT_EPISODE_LENGTH = 200

@@ -40,24 +40,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
-from data_collection.udacity_import import CAMERA_ARRAYS, LOG_NAME
+from data_collection.episode import CAMERA_ARRAYS
+from envs.udacity_observation import JPEG_QUALITY, encode_jpeg
 from nsacdrive.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
 
 IMG_DIR = "IMG"
 EPISODES_DIR = "episodes"
-JPEG_QUALITY = 90
+LOG_NAME = "driving_log.csv"
 MPH_PER_UNIT_PER_SECOND = 2.2369362920544  # 1 world unit = 1 m; m/s → mph
-
-
-def encode_jpeg(frame: np.ndarray) -> bytes:
-    """JPEG bytes of one uint8 RGB frame (fixed quality, so the bytes are deterministic)."""
-    ok, encoded = cv2.imencode(".jpg", np.ascontiguousarray(frame[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-    if not ok:
-        raise ValueError(f"JPEG encoding failed for a frame of shape {frame.shape}")
-    return encoded.tobytes()
 
 
 def _number(value: float) -> str:
@@ -105,23 +97,27 @@ def write_udacity_episode(folder: Path, episode_id: str, arrays: dict[str, np.nd
     return sidecar
 
 
-def udacity_episode_is_complete(folder: Path, episode_id: str) -> bool:
-    """True when the episode's sidecar parses and pins the rows file beside it."""
+def _complete_rows(folder: Path, episode_id: str) -> bytes | None:
+    """The episode's log rows when its sidecar parses and pins them, else None (read once)."""
     log_path, sidecar_path = _paths(Path(folder), episode_id)
     try:
         sidecar = json.loads(sidecar_path.read_text())
         rows = log_path.read_bytes()
     except (OSError, ValueError):
-        return False
-    return isinstance(sidecar, dict) and hashlib.sha256(rows).hexdigest() == sidecar.get("log_sha256")
+        return None
+    return rows if isinstance(sidecar, dict) and hashlib.sha256(rows).hexdigest() == sidecar.get("log_sha256") else None
+
+
+def udacity_episode_is_complete(folder: Path, episode_id: str) -> bool:
+    """True when the episode's sidecar parses and pins the rows file beside it."""
+    return _complete_rows(folder, episode_id) is not None
 
 
 def write_driving_log(folder: Path) -> int:
     """Rebuild ``driving_log.csv`` from every complete episode (sorted by id); returns its rows."""
     folder = Path(folder)
     parts = sorted(p.stem for p in (folder / EPISODES_DIR).glob("*.json") if not p.name.startswith("."))
-    rows = b"".join(_paths(folder, episode_id)[0].read_bytes() for episode_id in parts
-                    if udacity_episode_is_complete(folder, episode_id))
+    rows = b"".join(filter(None, (_complete_rows(folder, episode_id) for episode_id in parts)))
     atomic_write_bytes(folder / LOG_NAME, rows)
     return rows.count(b"\n")
 

@@ -20,6 +20,7 @@ CROP_BOTTOM = 25
 UDACITY_RESIZED = (200, 66)  # (width, height) as cv2.resize takes it
 UDACITY_FRAME_SHAPE = (3, UDACITY_RESIZED[1], UDACITY_RESIZED[0])  # (C, H, W) the network sees
 UDACITY_PREPROCESS_VERSION = "crop60-25-area200x66-yuv-pm1-v1"
+JPEG_QUALITY = 90  # the simulator's camera images and our Udacity-layout recordings
 
 
 def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
@@ -40,3 +41,11 @@ def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
         yuv = cv2.cvtColor(resized, cv2.COLOR_RGB2YUV)
         out[i] = np.moveaxis(yuv, -1, 0).astype(np.float32) / np.float32(127.5) - np.float32(1.0)
     return out.reshape(*frames.shape[:-3], *UDACITY_FRAME_SHAPE)
+
+
+def encode_jpeg(frame: np.ndarray) -> bytes:
+    """JPEG bytes of one uint8 RGB frame (fixed quality, so the bytes are deterministic)."""
+    ok, encoded = cv2.imencode(".jpg", np.ascontiguousarray(frame[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+    if not ok:
+        raise ValueError(f"JPEG encoding failed for a frame of shape {frame.shape}")
+    return encoded.tobytes()

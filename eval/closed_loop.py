@@ -161,14 +161,15 @@ class EpisodeDrive:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.traceback = traceback.format_exc()
 
-    def step(self, prediction: UncertainPrediction, row: int, cap: float | None) -> None:
-        """Act on row ``row`` of the group's prediction and advance the env one step."""
+    def step(self, prediction: UncertainPrediction, row: int, steer_std: float, cap: float | None) -> None:
+        """Act on row ``row`` of the group's prediction (``steer_std``: its predictive steering std)
+        and advance the env one step."""
         try:
             mean = prediction.mean[row]
             if not bool(torch.isfinite(mean).all()):
                 raise FloatingPointError(f"non-finite action {mean.numpy().tolist()}")
             action = clip_to_box(mean).numpy().astype(np.float32)
-            executed = throttle_cap(action, float(torch.sqrt(prediction.total[row, 0])), cap)
+            executed = throttle_cap(action, steer_std, cap)
             state, log = self.state, self.log
             log["raw_action"].append(mean.numpy())
             log["aleatoric"].append(prediction.aleatoric[row].numpy())
@@ -252,9 +253,10 @@ class LockstepGroup:
         """Step every running episode on its row of ``prediction``."""
         if prediction.attention is None:
             prediction.attention = self._no_attention
+        steer_std = torch.sqrt(prediction.total[:, 0]).tolist()  # once for the group, not once per row
         for row, drive in enumerate(self.drives):
             if drive.running:
-                drive.step(prediction, row, self.cap)
+                drive.step(prediction, row, steer_std[row], self.cap)
 
     def fail(self, exc: Exception) -> None:
         """A fault of the controller call: every running episode fails with it."""
@@ -270,8 +272,7 @@ class LockstepGroup:
 def _unloadable(keys: Sequence[EpisodeKey], max_steps: int, renderer: str, exc: Exception) -> list[tuple[EpisodeRecord, dict]]:
     """An unreadable run fails its episodes, not the evaluation (called inside ``except``)."""
     group = LockstepGroup(keys, max_steps, renderer, None, None)
-    for drive in group.drives:
-        drive.fail(exc)
+    group.fail(exc)
     return group.results()
 
 

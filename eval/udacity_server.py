@@ -54,7 +54,7 @@ from controllers.actions import ACTION_NAMES
 from controllers.nsac import UncertainPrediction
 from envs.observation import RAW_FRAME_SHAPE
 from envs.observation_kinds import observation_kind
-from envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
+from envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
 
 logger = logging.getLogger(__name__)
 
@@ -139,19 +139,13 @@ def decode_camera_image(text: Any) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
-def encode_camera_image(rgb: np.ndarray, quality: int = 90) -> str:
+def encode_camera_image(rgb: np.ndarray) -> str:
     """RGB uint8 image → base64 JPEG string, as the simulator sends it (for clients and tests)."""
-    ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR),
-                            [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise ValueError(f"could not JPEG-encode an image of shape {rgb.shape}")
-    return base64.b64encode(jpeg.tobytes()).decode("ascii")
+    return base64.b64encode(encode_jpeg(rgb)).decode("ascii")
 
 
 def telemetry_number(data: dict[str, Any], name: str) -> float:
-    """A finite number from a telemetry field (the simulator sends numbers as strings)."""
-    if name not in data:
-        raise TelemetryError(f"{name}: missing")
+    """A finite number from a present telemetry field (the simulator sends numbers as strings)."""
     try:
         value = float(data[name])
     except (TypeError, ValueError):

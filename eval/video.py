@@ -73,8 +73,7 @@ def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None,
     run_dir = str(run if run is not None else record["run"])
     group = record.get("batch_group", [[record["colour_preset"], record["track_seed"], record["repeat"]]])
     keys = [EpisodeKey(run_dir, preset, int(seed), int(repeat)) for preset, seed, repeat in group]
-    row = next(i for i, key in enumerate(keys)
-               if (key.colour_preset, key.track_seed, key.repeat) == (record["colour_preset"], record["track_seed"], record["repeat"]))
+    row = keys.index(EpisodeKey(run_dir, record["colour_preset"], int(record["track_seed"]), int(record["repeat"])))
     frames: list[np.ndarray] = []
     samples = samples if samples is not None else settings.get("samples")
     results = run_episodes(keys, settings["max_steps"], samples, settings["throttle_cap"],
