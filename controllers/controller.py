@@ -35,7 +35,8 @@ SPEED_SCALE = 100.0
 
 
 class Controller(nn.Module):
-    """frames [B, T, 3, 84, 96] + timestamps [B, T] (+ speeds [B, T]) → (steer, gas, brake) with uncertainty."""
+    """frames [B, T, C, H, W] (the encoder's ``FRAME_SHAPE``) + timestamps [B, T] (+ speeds [B, T]) →
+    (steer, gas, brake) with uncertainty."""
 
     def __init__(self, encoder: nn.Module, head: UncertaintyHead, token_dim: int | None = None, speed_input: bool = False) -> None:
         super().__init__()
@@ -51,7 +52,7 @@ class Controller(nn.Module):
         return self.speed_embedding is not None
 
     def tokens(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens [B, T, D] (with gradients): each frame encoded on its own, plus its speed embedding."""
+        """Tokens [B, T·K, D] (K per frame; with gradients): each frame encoded on its own, plus its speed embedding."""
         tokens = self.encoder(frames)
         if self.speed_embedding is None:
             return tokens
@@ -87,7 +88,7 @@ class Controller(nn.Module):
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens [B, T, D]; frames are encoded independently, so tokens can be cached per frame."""
+        """Tokens [B, T·K, D]; frames are encoded independently, so tokens can be cached per frame."""
         return self.tokens(frames, speed)
 
     @torch.no_grad()
