@@ -56,13 +56,13 @@ bench-deps: install
 	-$(PY) -m pip install -q --no-deps torch-nac==0.0.2 ncps==1.0.1
 
 bench: install bench-deps
-	$(PY) bench/run.py
-	$(PY) bench/renderer.py
-	$(PY) bench/front_camera.py
-	$(PY) bench/nsac_speed.py
-	$(PY) bench/levy_speed.py
-	$(PY) bench/training_speed.py
-	$(PY) bench/closed_loop_speed.py
+	$(PY) -m bench.run
+	$(PY) -m bench.renderer
+	$(PY) -m bench.front_camera
+	$(PY) -m bench.nsac_speed
+	$(PY) -m bench.levy_speed
+	$(PY) -m bench.training_speed
+	$(PY) -m bench.closed_loop_speed
 
 clean:
 	rm -rf data/demo runs/demo-nsac runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from envs.state import PrivilegedState
+from nsacdrive.envs.state import PrivilegedState
 
 #: Source labels written into episode sidecars (driving.md §4).
 AGENT_SOURCES = ("expert", "ppo", "human")

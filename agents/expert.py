@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
-from envs.state import PrivilegedState
+from nsacdrive.envs.state import PrivilegedState
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 import pygame
-
-from envs.state import PrivilegedState
+from nsacdrive.envs.state import PrivilegedState
 
 GAS = 1.0
 BRAKE = 0.8

@@ -2,7 +2,7 @@
 
 Two observation kinds:
 
-- ``state``: the privileged state vector (:data:`envs.state.STATE_FIELDS`, float32) from a
+- ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32) from a
   render-free env, so training runs at physics speed. VecNormalize normalises observations and
   rewards. :meth:`PPOConfig.state_recipe` adds three standard shapings of the control problem
   (not of the score): one signed pedal axis instead of gas and brake (a Gaussian policy over
@@ -33,10 +33,9 @@ from typing import Any
 import cv2
 import gymnasium as gym
 import numpy as np
-
-from agents.rollout import pedal_to_car_action
-from envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
-from envs.state import STATE_FIELDS, PrivilegedState, privileged_state
+from nsacdrive.agents.rollout import pedal_to_car_action
+from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
+from nsacdrive.envs.state import STATE_FIELDS, PrivilegedState, privileged_state
 
 OBS_KINDS = ("state", "pixels")
 MODEL_FILE = "model.zip"

@@ -7,11 +7,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
-from agents.registry import make_agent
-from agents.rollout import drive, termination_reason
-from envs.car_racing import make_car_racing
-from nsacdrive.workers import single_threaded_worker
+from nsacdrive.agents.registry import make_agent
+from nsacdrive.agents.rollout import drive, termination_reason
+from nsacdrive.common.workers import single_threaded_worker
+from nsacdrive.envs.car_racing import make_car_racing
 
 
 @dataclass(frozen=True)

@@ -2,22 +2,22 @@
 
 A spec is a short string so it can be stored in sidecars and sent to worker processes:
 ``expert`` is the tuned pure-pursuit teacher; ``controller:RUN`` drives with a trained
-controller (:class:`eval.driver.ControllerAgent`); ``ppo:DIR`` drives with a PPO model trained by
-``nsacdrive expert train`` (:class:`agents.ppo.PPOAgent`).
+controller (:class:`nsacdrive.eval.driver.ControllerAgent`); ``ppo:DIR`` drives with a PPO model trained by
+``nsacdrive expert train`` (:class:`nsacdrive.agents.ppo.PPOAgent`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from agents.base import Agent
-from agents.expert import PurePursuitExpert
+from nsacdrive.agents.base import Agent
+from nsacdrive.agents.expert import PurePursuitExpert
 
 
 def _controller(argument: str) -> Agent:
     if not argument:
         raise ValueError("--agent: controller needs a run folder, e.g. controller:runs/nsac")
-    from eval.driver import ControllerAgent  # lazy: agents must not import the training stack
+    from nsacdrive.eval.driver import ControllerAgent  # lazy: agents must not import the training stack
 
     return ControllerAgent(argument)
 
@@ -25,7 +25,7 @@ def _controller(argument: str) -> Agent:
 def _ppo(argument: str) -> Agent:
     if not argument:
         raise ValueError("--agent: ppo needs a model folder, e.g. ppo:runs/ppo-state")
-    from agents.ppo import PPOAgent  # lazy: stable-baselines3 is only needed for PPO agents
+    from nsacdrive.agents.ppo import PPOAgent  # lazy: stable-baselines3 is only needed for PPO agents
 
     return PPOAgent(argument)
 

@@ -16,9 +16,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
-from agents.base import Agent
-from envs.state import PrivilegedState, privileged_state
+from nsacdrive.agents.base import Agent
+from nsacdrive.envs.state import PrivilegedState, privileged_state
 
 
 def apply_action_noise(action: np.ndarray, rng: np.random.Generator, sigma: float) -> np.ndarray:

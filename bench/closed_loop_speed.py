@@ -9,11 +9,11 @@ neighbours with the fast renderer, every process on one torch thread.
 
 Rows, side by side, each against its own "env alone" — the very actions the controller
 executed, replayed in the same loop without it: one episode re-encoding all T frames every
-step (a naive loop); one episode with cached tokens (:class:`eval.driver.ControllerAgent`); B
+step (a naive loop); one episode with cached tokens (:class:`nsacdrive.eval.driver.ControllerAgent`); B
 episodes in lockstep with one controller call per step in the same process
-(:class:`eval.driver.ControllerPolicy`, ``nsacdrive eval --batch B --inference inline``); two
+(:class:`nsacdrive.eval.driver.ControllerPolicy`, ``nsacdrive eval --batch B --inference inline``); two
 groups of B with the controller in its own process, one group's envs stepping while the other's
-prediction is computed (:class:`eval.inference.InferenceProcess`, ``--inference process``) —
+prediction is computed (:class:`nsacdrive.eval.inference.InferenceProcess`, ``--inference process``) —
 env step + reading the speed + controller, nothing else. The double-buffered loop uses a second
 core for the controller; the inline rows show what the controller costs on the env's core.
 Stepping B envs round-robin is itself slower than one env (each has its own Box2D world and
@@ -21,12 +21,11 @@ frame buffers, so caches are cold), which is why every loop gets its own baselin
 (issue 6): with the controller in the loop ≥ 85 % of the env-alone rate. Then the whole
 evaluator (privileged state, expert labels and the per-step log on top), inline and
 double-buffered, and ``nsacdrive eval`` with 1 and 2 workers.
-Usage: ``python bench/closed_loop_speed.py``.
+Usage: ``python -m bench.closed_loop_speed``.
 """
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 from collections import deque
@@ -36,21 +35,21 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from agents.rollout import drive  # noqa: E402
+from nsacdrive.agents.rollout import drive  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.controllers.actions import clip_to_box  # noqa: E402
+from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config  # noqa: E402
+from nsacdrive.controllers.registry import build_controller  # noqa: E402
+from nsacdrive.controllers.training import TrainConfig  # noqa: E402
+from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
+from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
+from nsacdrive.envs.state import forward_speed  # noqa: E402
+from nsacdrive.eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, run_episodes, run_pipelined  # noqa: E402
+from nsacdrive.eval.driver import ControllerAgent, ControllerPolicy  # noqa: E402
+from nsacdrive.eval.inference import InferenceProcess  # noqa: E402
+
 from bench.common import print_table, replay_rate  # noqa: E402
-from controllers.actions import clip_to_box  # noqa: E402
-from controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config  # noqa: E402
-from controllers.registry import build_controller  # noqa: E402
-from controllers.training import TrainConfig  # noqa: E402
-from envs.car_racing import make_car_racing  # noqa: E402
-from envs.observation import preprocess_observation  # noqa: E402
-from envs.state import forward_speed  # noqa: E402
-from eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, run_episodes, run_pipelined  # noqa: E402
-from eval.driver import ControllerAgent, ControllerPolicy  # noqa: E402
-from eval.inference import InferenceProcess  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 STEPS = 300
 REPEATS = 3
@@ -93,7 +92,7 @@ def untrained_run(config_path: Path, folder: Path) -> Path:
 
 
 def one_episode_rate(agent: ControllerAgent) -> tuple[float, list[np.ndarray]]:
-    """Steps/s of :func:`agents.rollout.drive` with ``agent`` on track 42, and the executed actions."""
+    """Steps/s of :func:`nsacdrive.agents.rollout.drive` with ``agent`` on track 42, and the executed actions."""
     env = make_car_racing(renderer="fast", max_episode_steps=STEPS)
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -157,7 +156,7 @@ def lockstep_rates(run: Path, batch: int) -> tuple[float, float]:
 
 def double_buffered_rates(run: Path, batch: int) -> tuple[float, float]:
     """Steps/s of two lockstep groups of ``batch`` envs with the controller in its own process
-    (:class:`eval.inference.InferenceProcess`): one group's envs step while the other's
+    (:class:`nsacdrive.eval.inference.InferenceProcess`): one group's envs step while the other's
     prediction is computed; and of the 2·``batch`` envs replaying the executed actions without it."""
     groups = [BareGroup([42 + g * batch + k for k in range(batch)], run) for g in range(2)]
     with InferenceProcess(run) as server:

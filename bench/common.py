@@ -26,9 +26,9 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
 
 def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., Any] | None = None, **env_kwargs: Any) -> float:
     """Env steps/s replaying ``actions`` on track ``seed`` in an env built by ``make_env`` (default:
-    :func:`envs.car_racing.make_car_racing`) with ``env_kwargs``."""
+    :func:`nsacdrive.envs.car_racing.make_car_racing`) with ``env_kwargs``."""
     if make_env is None:
-        from envs.car_racing import make_car_racing as make_env  # lazy: the torch-only benches need no env
+        from nsacdrive.envs.car_racing import make_car_racing as make_env  # lazy: the torch-only benches need no env
 
     env = make_env(max_episode_steps=len(actions) + 1, **env_kwargs)
     env.reset(seed=seed)

@@ -5,28 +5,27 @@ camera (centre only, and all three cameras) and by the fast 96×96 CarRacing ren
 timed on one core. Env throughput (physics + drawing per step) is measured by replaying the
 expert's actions in each env.
 
-Usage: ``python bench/front_camera.py [--quick]`` (part of ``make bench``).
+Usage: ``python -m bench.front_camera [--quick]`` (part of ``make bench``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from agents.expert import PurePursuitExpert  # noqa: E402
-from agents.rollout import drive  # noqa: E402
+from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
+from nsacdrive.agents.rollout import drive  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.envs.fast_render import FastStateRenderer  # noqa: E402
+from nsacdrive.envs.udacity_style import CAMERAS, make_udacity_style  # noqa: E402
+
 from bench.common import print_table, replay_rate  # noqa: E402
-from envs.fast_render import FastStateRenderer  # noqa: E402
-from envs.udacity_style import CAMERAS, make_udacity_style  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 
 def draw_rates(seeds: list[int], steps: int, every: int) -> dict[str, float]:

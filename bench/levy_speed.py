@@ -15,7 +15,7 @@ reported; compare the ratio column, not absolute times across machines. Two base
 fused softmax layer (``F.scaled_dot_product_attention``) and the textbook unfused one. Results
 go to bench/results/levy_speed.json.
 
-Usage: ``python bench/levy_speed.py [--repeats 30] [--batch 8]``.
+Usage: ``python -m bench.levy_speed [--repeats 30] [--batch 8]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from controllers.levy import LevyAttentionConfig, LevyCrossAttention  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.controllers.levy import LevyAttentionConfig, LevyCrossAttention  # noqa: E402
 
 N_KEYS, N_QUERIES, WIDTH, HEADS, GRID = 512, 128, 128, 4, (16, 8)
 

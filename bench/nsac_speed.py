@@ -10,14 +10,13 @@
    reference mode (same behaviour) and corrected mode are timed. Target: ≥ 10× faster.
 
 One thread (torch.set_num_threads(1)) so the ratios are not distorted by the other core;
-medians over repeats. Usage: ``python bench/nsac_speed.py [--quick]``.
+medians over repeats. Usage: ``python -m bench.nsac_speed [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,11 +24,11 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.controllers.nsac import NSAC, NSACConfig  # noqa: E402
 
 from bench.common import median_time  # noqa: E402
-from controllers.nsac import NSAC, NSACConfig  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 
 class FrameEncoder(nn.Module):

@@ -7,14 +7,13 @@ sampled step BOTH renderers draw the SAME env state (so HUD, score and zoom-in a
 and we report the mean absolute pixel difference (0–255 scale), the 99th percentile of
 per-frame means, the worst frame, and PSNR, over ≥ 2,000 frames including the zoom-in.
 
-Usage: ``python bench/renderer.py [--quick]`` (part of ``make bench``).
+Usage: ``python -m bench.renderer [--quick]`` (part of ``make bench``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +21,14 @@ import numpy as np
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
+from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
+from nsacdrive.agents.rollout import drive  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 
-from agents.expert import PurePursuitExpert  # noqa: E402
-from agents.rollout import drive  # noqa: E402
 from bench.common import print_table, replay_rate  # noqa: E402
-from envs.car_racing import make_car_racing  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 FIDELITY_PRESETS = ("default", "shift-3", "random", "color-v0", "shift-5")
 

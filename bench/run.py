@@ -7,7 +7,7 @@
 3. dataset memory: iterating a 50-episode × 1000-frame dataset through a DataLoader;
 4. expert quality on the held-out seeds 1000–1099.
 
-Usage: ``python bench/run.py [--quick]`` (``make bench``). Speeds on shared machines are noisy:
+Usage: ``python -m bench.run [--quick]`` (``make bench``). Speeds on shared machines are noisy:
 compare the ratios printed side by side, not absolute numbers across runs.
 """
 
@@ -24,14 +24,14 @@ from pathlib import Path
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from agents.expert import PurePursuitExpert  # noqa: E402
-from agents.quality import evaluate_agent  # noqa: E402
-from agents.rollout import drive  # noqa: E402
+from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
+from nsacdrive.agents.quality import evaluate_agent  # noqa: E402
+from nsacdrive.agents.rollout import drive  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
+
 from bench.common import PeakRss, print_table, replay_rate  # noqa: E402
-from envs.car_racing import make_car_racing  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 
 def env_speed(steps: int) -> dict[str, float]:
@@ -67,9 +67,8 @@ def dataset_memory(episodes: int, frames: int) -> dict[str, float]:
     code = f"""
 import numpy as np, torch, sys
 torch.set_num_threads(1)  # batch collation is memory-bound; extra threads only spin on 2 cores
-sys.path.insert(0, {str(ROOT)!r})
-from data_collection.episode import write_episode
-from data_collection.dataset import SequenceDataset, EpisodeGroupedSampler
+from nsacdrive.data_collection.episode import write_episode
+from nsacdrive.data_collection.dataset import SequenceDataset, EpisodeGroupedSampler
 folder = sys.argv[1]
 rng = np.random.default_rng(0)
 base = rng.integers(0, 255, size=(96, 96, 3), dtype=np.uint8)

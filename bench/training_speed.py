@@ -9,7 +9,7 @@
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
 One thread (torch.set_num_threads(1)): "per step on one core". Usage:
-``python bench/training_speed.py [--quick]``.
+``python -m bench.training_speed [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller  # noqa: E402
+from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
 
 from bench.common import PeakRss, median_time  # noqa: E402
-from controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller  # noqa: E402
-from envs.observation import preprocess_observation  # noqa: E402
-from nsacdrive.atomic import atomic_write_json  # noqa: E402
 
 MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
 

@@ -1,12 +1,12 @@
 """Print the wire transcript of a simulator-like session against ``nsacdrive udacity serve``.
 
 Starts ``nsacdrive udacity serve RUN`` on a free local port, connects the way the old Unity
-simulator does (:class:`eval.udacity_sim_client.SimulatorClient`: raw websocket, EIO=4, no "40",
+simulator does (:class:`nsacdrive.eval.serve.udacity_sim_client.SimulatorClient`: raw websocket, EIO=4, no "40",
 its own pings), sends a few telemetry frames with a synthetic road picture, one malformed frame
 and one empty (manual-mode) frame, then prints every frame sent and received and the server's
 per-frame log rows. Evidence that the served stack speaks the simulator's dialect.
 
-Usage: ``python bench/udacity_socket_transcript.py RUN [--frames 3]``
+Usage: ``python -m bench.udacity_socket_transcript RUN [--frames 3]``
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from eval.udacity_server import CAMERA_SHAPE, encode_camera_image  # noqa: E402
-from eval.udacity_sim_client import SimulatorClient  # noqa: E402
+from nsacdrive.eval.serve.udacity_server import CAMERA_SHAPE, encode_camera_image  # noqa: E402
+from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient  # noqa: E402
 
 
 def road_picture(shift: int = 0) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Colour augmentation on preprocessed RGB frames [B, T, 3, H, W] in [0, 1].
 
-Robustness to the colour presets (envs.colours) depends on this, so it is configurable and
+Robustness to the colour presets (nsacdrive.envs.colours) depends on this, so it is configurable and
 seeded. One set of parameters per sequence (all T frames of a sample get the same
 transform, as a real colour shift would): hue rotation (YIQ rotation, radians), saturation,
 contrast around the frame mean, brightness offset and per-channel gain; applied with

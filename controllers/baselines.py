@@ -4,7 +4,7 @@ The published baselines (../shared/specs/nsac.md §5, driving.md §6 item 11) we
 names say: "MC-Dropout" had no dropout on CarRacing, the "Deep Ensemble" was weight jitter of ONE
 model, GMLE/DER metrics were computed on dataset-mean scalars, and SDE-Net saw the last frame
 only. Here every baseline is the method of its paper, behind the common head contract of
-:mod:`controllers.heads` (means squashed into the action box BEFORE moments are taken,
+:mod:`nsacdrive.controllers.heads` (means squashed into the action box BEFORE moments are taken,
 variances per sample and per action, in action units):
 
 * :class:`MCDropoutHead` (Gal & Ghahramani 2016): NAC features with real attention dropout +
@@ -14,7 +14,7 @@ variances per sample and per action, in action units):
   (the published code used softplus at test time only).
 * :class:`EnsembleController` (Lakshminarayanan et al. 2017): M independently initialised WHOLE
   controllers (encoder + GMLE head) combined as a uniform Gaussian mixture. It is a controller,
-  not a head; :func:`controllers.registry.build_controller` returns it for ``--model ensemble``.
+  not a head; :func:`nsacdrive.controllers.registry.build_controller` returns it for ``--model ensemble``.
 * :class:`EvidentialHead` (Amini et al. 2020): a Normal-Inverse-Gamma per action, NIG NLL +
   evidence regulariser.
 * :class:`SDENetHead` (Kong et al. 2020): a temporal summary of the SAME token sequence the other
@@ -30,19 +30,18 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
+from nsacdrive.controllers.actions import squash
+from nsacdrive.controllers.circuit_attention import validate_inputs
+from nsacdrive.controllers.controller import Controller
+from nsacdrive.controllers.encoders import make_encoder
+from nsacdrive.controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
+from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig, UncertainPrediction, decompose
+from nsacdrive.controllers.objectives import check_targets, gaussian_nll
 from torch import nn
 from torch.nn import functional as F
 
-from controllers.actions import squash
-from controllers.circuit_attention import validate_inputs
-from controllers.controller import Controller
-from controllers.encoders import make_encoder
-from controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
-from controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig, UncertainPrediction, decompose
-from controllers.objectives import check_targets, gaussian_nll
-
 if TYPE_CHECKING:  # registry imports this module; import its config for annotations only
-    from controllers.registry import ModelConfig
+    from nsacdrive.controllers.registry import ModelConfig
 
 
 def _check_samples(samples: int) -> None:

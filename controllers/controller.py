@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from nsacdrive.controllers.heads import UncertaintyHead
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from torch import nn
-
-from controllers.heads import UncertaintyHead
-from controllers.nsac import UncertainPrediction
-from controllers.objectives import check_targets, frozen_batchnorm_statistics
 
 
 def head_times(timestamps: torch.Tensor) -> torch.Tensor:
@@ -97,7 +96,7 @@ class Controller(nn.Module):
         """Prediction from tokens made by :meth:`encode` (closed loop reuses the older frames' tokens).
 
         ``generators``: one per batch row when the rows are independent episodes
-        (:meth:`controllers.heads.UncertaintyHead.predict_episodes`); None draws from the global RNG."""
+        (:meth:`nsacdrive.controllers.heads.UncertaintyHead.predict_episodes`); None draws from the global RNG."""
         times = self.token_times(timestamps)
         if generators is None:
             prediction = self.head.predict(tokens, times, samples)

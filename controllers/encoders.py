@@ -8,12 +8,12 @@ control behave exactly like training. ``ReferenceEncoder`` is the published CarR
 last map is 1×1, so Grad-CAM is meaningless on it) for parity studies.
 
 ``NvidiaEncoder`` (``kind="nvidia"``) reads Udacity frames [B, T, 3, 66, 200] (YUV,
-:mod:`envs.udacity_observation`): the NVIDIA PilotNet convolutions 24@5×5/2, 36@5×5/2,
+:mod:`nsacdrive.envs.udacity_observation`): the NVIDIA PilotNet convolutions 24@5×5/2, 36@5×5/2,
 48@5×5/2, 64@3×3, 64@3×3 (ELU) give a 64×1×18 map per frame, and each of its 18 COLUMNS is one
 token of 64 channels (projected to ``token_dim`` when that differs) — a left-to-right strip of
 the road — instead of the published variant's arbitrary memory reshape. Token convention: an
 encoder emits ``TOKENS_PER_FRAME`` tokens per frame, frame-major (tokens [B, T·K, F], token
-t·K + k = column k of frame t); :class:`controllers.controller.Controller` repeats each frame's
+t·K + k = column k of frame t); :class:`nsacdrive.controllers.controller.Controller` repeats each frame's
 time and speed for its K tokens and sums attention back per frame. Its 1×18 map is too flat for
 Grad-CAM, which refuses it with a clear error.
 """
@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE
+from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE
 from torch import nn
-
-from envs.observation import PREPROCESSED_FRAME_SHAPE
-from envs.udacity_observation import UDACITY_FRAME_SHAPE
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def check_frames(frames: torch.Tensor, frame_shape: tuple[int, int, int]) -> Non
     if frames.dim() != 5 or tuple(frames.shape[2:]) != frame_shape:
         raise ValueError(
             f"frames must have shape [B, T, {', '.join(map(str, frame_shape))}] "
-            f"(envs.observation_kinds.preprocess_for output of this encoder's observation kind), got {tuple(frames.shape)}"
+            f"(nsacdrive.envs.observation_kinds.preprocess_for output of this encoder's observation kind), got {tuple(frames.shape)}"
         )
 
 

@@ -6,7 +6,7 @@ on the model:
 * ``training_loss(tokens, times, target, perturbed_tokens=None) -> dict`` with key ``"total"``
   (heads with ``uses_perturbed_inputs = True`` get tokens of perturbed frames as well);
 * ``predict(tokens, times, samples) -> UncertainPrediction`` in action units (mean inside the
-  action box, aleatoric and epistemic variance), see :mod:`controllers.actions`;
+  action box, aleatoric and epistemic variance), see :mod:`nsacdrive.controllers.actions`;
 * ``predict_episodes(tokens, times, samples, generators)``: the same for a batch whose rows are
   independent episodes, row b drawing its randomness from ``generators[b]`` only, so batched
   closed-loop evaluation gives every episode its own reproducible random stream.
@@ -22,10 +22,8 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
-from torch import nn
-
-from controllers.actions import ACTION_NAMES, squash
-from controllers.nsac import (
+from nsacdrive.controllers.actions import ACTION_NAMES, squash
+from nsacdrive.controllers.nsac import (
     NAC,
     NSAC,
     Generators,
@@ -36,7 +34,8 @@ from controllers.nsac import (
     attention_per_position,
     decompose,
 )
-from controllers.objectives import NSACObjective, check_targets, gaussian_nll
+from nsacdrive.controllers.objectives import NSACObjective, check_targets, gaussian_nll
+from torch import nn
 
 N_ACTIONS = len(ACTION_NAMES)
 
@@ -174,7 +173,7 @@ class LevyHead(UncertaintyHead):
     def __init__(self, token_dim: int, sequence_length: int, num_heads: int = 4, identity_dim: int = 16,
                  window: float = 0.5) -> None:
         super().__init__()
-        from controllers.levy import LevyActionHead, LevyActionHeadConfig, LevyAttentionConfig
+        from nsacdrive.controllers.levy import LevyActionHead, LevyActionHeadConfig, LevyAttentionConfig
 
         attention = LevyAttentionConfig(embed_dim=token_dim, num_heads=num_heads, identity_dim=identity_dim)
         self.actions = LevyActionHead(LevyActionHeadConfig(attention=attention, num_actions=N_ACTIONS))

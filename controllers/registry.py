@@ -6,15 +6,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from nsacdrive.controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
+from nsacdrive.controllers.controller import Controller
+from nsacdrive.controllers.encoders import EncoderConfig, make_encoder
+from nsacdrive.controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
+from nsacdrive.controllers.nsac import NACConfig, NSACConfig
+from nsacdrive.controllers.objectives import NSACObjective
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 from torch import nn
-
-from controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
-from controllers.controller import Controller
-from controllers.encoders import EncoderConfig, make_encoder
-from controllers.heads import N_ACTIONS, GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
-from controllers.nsac import NACConfig, NSACConfig
-from controllers.objectives import NSACObjective
-from envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """Train a controller on recorded demonstrations: seeded, resumable, early-stopped.
 
 One epoch visits the training split (track seeds disjoint from validation and test) in the
-order of :class:`data_collection.dataset.EpisodeGroupedSampler`, augments every sequence the
-way its observation kind needs — CarRacing: recoloured by :func:`controllers.augment.colour_augment`;
+order of :class:`nsacdrive.data_collection.dataset.EpisodeGroupedSampler`, augments every sequence the
+way its observation kind needs — CarRacing: recoloured by :func:`nsacdrive.controllers.augment.colour_augment`;
 Udacity: side cameras, flips, shifts, shadows and brightness on the raw frames with the
-steering label adjusted (:func:`controllers.udacity_augment.augment_sequence`) — and steps
+steering label adjusted (:func:`nsacdrive.controllers.udacity_augment.augment_sequence`) — and steps
 AdamW on the head's loss (heads that need perturbed inputs get frames + N(μ_pert, σ_pert²) in
 preprocessed units — [0, 1] for CarRacing, [−1, 1] for Udacity — with BatchNorm statistics
 frozen for that pass).
 
 ``data: "udacity:DIR"`` trains on a Udacity recording (imported once, see
-:func:`data_collection.udacity_import.udacity_dataset`) and sets ``model.observation`` to
+:func:`nsacdrive.data_collection.udacity_import.udacity_dataset`) and sets ``model.observation`` to
 ``udacity`` when the model config does not name one (so its encoder defaults to ``nvidia``). After each epoch the validation loss drives a
 ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safetensors``.
 
@@ -33,22 +33,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
-from tqdm import tqdm
-
-from controllers.augment import AugmentConfig, colour_augment
-from controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
-from controllers.registry import ModelConfig, build_controller
-from controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
-from data_collection.dataset import (
+from nsacdrive.common.atomic import atomic_path, atomic_write_json
+from nsacdrive.common.seeds import format_seeds, parse_seeds
+from nsacdrive.controllers.augment import AugmentConfig, colour_augment
+from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
+from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
+from nsacdrive.data_collection.dataset import (
     EpisodeGroupedSampler,
     SequenceAugment,
     SequenceDataset,
     is_udacity_data,
     load_episode_records,
 )
-from nsacdrive.atomic import atomic_path, atomic_write_json
-from nsacdrive.seeds import format_seeds, parse_seeds
+from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 
 @dataclass(frozen=True)

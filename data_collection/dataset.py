@@ -2,13 +2,13 @@
 
 * Frame stacks are never stored: a sample is the T frames ending at step t, ``frame_stride``
   steps apart, passed through the preprocessing of the dataset's observation kind
-  (:func:`envs.observation_kinds.preprocess_for`: CarRacing HUD cropped, CHW, [0,1]; Udacity
+  (:func:`nsacdrive.envs.observation_kinds.preprocess_for`: CarRacing HUD cropped, CHW, [0,1]; Udacity
   cropped, 66×200 YUV in [−1, 1]). Every episode must hold that kind's raw frames.
 * Udacity training data is augmented per sample on the raw frames (``augment``, e.g.
-  :func:`controllers.udacity_augment.augment_sequence`: side cameras, flips, shifts change the
+  :func:`nsacdrive.controllers.udacity_augment.augment_sequence`: side cameras, flips, shifts change the
   steering label too), seeded by :meth:`SequenceDataset.reseed` and the sample index.
 * ``udacity:DIR`` in a data path is a Udacity recording, imported once into a cache
-  (:func:`data_collection.udacity_import.udacity_dataset`), or an imported dataset folder.
+  (:func:`nsacdrive.data_collection.udacity_import.udacity_dataset`), or an imported dataset folder.
 * Splits are by TRACK SEED (``SeedSplit``): train/val/test seed sets are disjoint, so no track
   is seen on both sides (the published split was random per frame).
 * Memory is bounded: only the small arrays of every episode stay in RAM; decoded frames live
@@ -30,13 +30,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
+from nsacdrive.data_collection.manifest import sidecar_paths
+from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for nsacdrive.eval.explain.report)
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 from torch.utils.data import Dataset, Sampler
-
-from data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
-from data_collection.manifest import sidecar_paths
-from envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for eval.report)
-from envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
-from nsacdrive.seeds import parse_seeds
 
 UDACITY_PREFIX = "udacity:"
 #: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
@@ -115,7 +114,7 @@ def _dataset_folder(part: str) -> Path:
     """A folder named in a data path; ``udacity:DIR`` resolves to DIR's imported dataset."""
     if not part.startswith(UDACITY_PREFIX):
         return Path(part)
-    from data_collection.udacity_import import udacity_dataset
+    from nsacdrive.data_collection.udacity_import import udacity_dataset
 
     return udacity_dataset(part[len(UDACITY_PREFIX):])
 
@@ -162,7 +161,7 @@ class SequenceDataset(Dataset):
     ``timestamps`` are seconds relative to the newest frame (…, −2·stride/50, −stride/50, 0);
     the target ``action`` is the expert label at the newest frame; ``speed`` is the car's measured
     forward speed at each frame (for controllers with ``speed_input``). ``observation`` is the
-    observation kind (frames and preprocessing, :mod:`envs.observation_kinds`); ``skip_intro``
+    observation kind (frames and preprocessing, :mod:`nsacdrive.envs.observation_kinds`); ``skip_intro``
     defaults to that kind's intro steps. ``augment`` (training only) rewrites each sample's raw
     frames and labels with a generator seeded from (:meth:`reseed`'s seed, sample index).
     """

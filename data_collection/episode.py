@@ -19,15 +19,15 @@ sidecar exists, and the sidecar's ``sha256`` and ``file_size`` pin the ``.npz`` 
 | lateral_error   | float32 | (T+1,)         | signed, + right of the centreline                |
 | heading_error   | float32 | (T+1,)         | wrap(hull angle − track angle)                   |
 | progress        | float32 | (T+1,)         | arc length of the projection on the centreline   |
-| state           | float32 | (T+1, D)       | privileged state vector (envs.state.STATE_FIELDS)|
+| state           | float32 | (T+1, D)       | privileged state vector (nsacdrive.envs.state.STATE_FIELDS)|
 
 Frame kinds (format version 1, extended compatibly): the sidecar field ``frame_kind`` names the
 raw frames, ``carracing`` (96×96×3, the table above) or ``udacity`` (160×320×3 simulator camera
-frames, :mod:`envs.observation_kinds`); a sidecar without it is ``carracing``, so every older
+frames, :mod:`nsacdrive.envs.observation_kinds`); a sidecar without it is ``carracing``, so every older
 file reads as before. Two OPTIONAL arrays, shaped and typed like ``observations``, may follow:
 ``left_observations`` and ``right_observations`` (the side cameras of a Udacity recording).
 
-Imported recordings (source ``udacity-import``, :mod:`data_collection.udacity_import`) have no
+Imported recordings (source ``udacity-import``, :mod:`nsacdrive.data_collection.udacity_import`) have no
 privileged simulator state: ``pose``, ``lateral_error``, ``heading_error``, ``progress`` and
 ``rewards`` are NaN, ``state`` has zero columns (T+1, 0), ``terminations`` are False and
 ``truncations`` True at the last step; ``actions`` = ``expert_actions`` = the logged
@@ -47,10 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from envs.observation import RAW_FRAME_SHAPE
-from envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS
-from nsacdrive.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.envs.observation import RAW_FRAME_SHAPE
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS
 
 FORMAT_VERSION = 1
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)

@@ -14,15 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pygame
-
-from agents.human import HumanAgent
-from agents.rollout import Step, drive
-from data_collection.episode import write_episode
-from data_collection.manifest import write_manifest
-from data_collection.recorder import DEFAULT_RENDERER, episode_from_steps
-from envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
-from envs.colours import validate_preset
-from nsacdrive.atomic import remove_partial_files
+from nsacdrive.agents.human import HumanAgent
+from nsacdrive.agents.rollout import Step, drive
+from nsacdrive.common.atomic import remove_partial_files
+from nsacdrive.data_collection.episode import write_episode
+from nsacdrive.data_collection.manifest import write_manifest
+from nsacdrive.data_collection.recorder import DEFAULT_RENDERER, episode_from_steps
+from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
+from nsacdrive.envs.colours import validate_preset
 
 FPS = 50  # CarRacing's own frame rate (the human render ticks at it)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_collection.episode import EpisodeFileError, read_sidecar
-from nsacdrive.atomic import atomic_write_json
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.data_collection.episode import EpisodeFileError, read_sidecar
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FIELDS = ("episode_id", "file", "track_seed", "colour_preset", "source", "agent_spec",

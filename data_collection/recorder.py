@@ -1,9 +1,9 @@
 """Run any Agent over seeds × colour presets and write one lossless episode per run.
 
 Two envs (``ENVS``): ``carracing`` (the 96×96 top-down frame) and ``udacity-style``
-(:mod:`envs.udacity_style`: 160×320 front-camera frames, all three cameras recorded). Two output
+(:mod:`nsacdrive.envs.udacity_style`: 160×320 front-camera frames, all three cameras recorded). Two output
 layouts (``LAYOUTS``): ``episodes`` (the standard lossless format) and, for ``udacity-style``,
-``udacity`` (:mod:`data_collection.udacity_layout`: JPEGs + ``driving_log.csv``).
+``udacity`` (:mod:`nsacdrive.data_collection.udacity_layout`: JPEGs + ``driving_log.csv``).
 
 Each episode is produced by one worker process from (agent spec, track seed, preset, noise),
 all of which are in its sidecar, so any episode can be regenerated exactly. The main process
@@ -22,28 +22,27 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from tqdm import tqdm
-
-from agents.registry import make_agent
-from agents.rollout import Step, drive, termination_reason
-from data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
-from data_collection.manifest import write_manifest
-from data_collection.udacity_layout import (
+from nsacdrive.agents.registry import make_agent
+from nsacdrive.agents.rollout import Step, drive, termination_reason
+from nsacdrive.common.atomic import remove_partial_files
+from nsacdrive.common.backends import run_tasks
+from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
+from nsacdrive.data_collection.manifest import write_manifest
+from nsacdrive.data_collection.udacity_layout import (
     prepare_udacity_folder,
     udacity_episode_is_complete,
     write_driving_log,
     write_udacity_episode,
 )
-from envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
-from envs.colours import validate_preset
-from envs.observation import PREPROCESS_VERSION
-from envs.state import STATE_FIELDS
-from envs.udacity_observation import UDACITY_PREPROCESS_VERSION
-from envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
-from envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
-from envs.udacity_style import SideCameraLog, UdacityStyleCarRacing, make_udacity_style
-from nsacdrive.atomic import remove_partial_files
-from nsacdrive.backends import run_tasks
+from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
+from nsacdrive.envs.colours import validate_preset
+from nsacdrive.envs.observation import PREPROCESS_VERSION
+from nsacdrive.envs.state import STATE_FIELDS
+from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
+from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
+from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
+from nsacdrive.envs.udacity_style import SideCameraLog, UdacityStyleCarRacing, make_udacity_style
+from tqdm import tqdm
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
@@ -56,7 +55,7 @@ LAYOUTS = ("episodes", "udacity")
 class NoiseConfig:
     """Gaussian action noise on the EXECUTED action (the expert's label is recorded untouched).
 
-    See :func:`agents.rollout.apply_action_noise`. ``seed`` salts the noise stream (combined
+    See :func:`nsacdrive.agents.rollout.apply_action_noise`. ``seed`` salts the noise stream (combined
     with the track seed), so noisy episodes are reproducible too.
     """
 
@@ -131,7 +130,7 @@ def episode_from_steps(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed).
 
-    ``side_frames`` (camera name → T+1 frames, e.g. :attr:`envs.udacity_style.SideCameraLog.frames`)
+    ``side_frames`` (camera name → T+1 frames, e.g. :attr:`nsacdrive.envs.udacity_style.SideCameraLog.frames`)
     become the optional ``<name>_observations`` arrays."""
     if not steps:
         raise ValueError("an episode needs at least one step")
@@ -211,7 +210,7 @@ def record_episode(job: EpisodeJob, out_dir: str, layout: str = "episodes") -> d
 
 def episode_is_complete(out_dir: Path, job: EpisodeJob, layout: str = "episodes") -> bool:
     """True when the sidecar exists, parses, and pins the .npz beside it (size and sha256)
-    (``udacity`` layout: pins the episode's rows, see :mod:`data_collection.udacity_layout`)."""
+    (``udacity`` layout: pins the episode's rows, see :mod:`nsacdrive.data_collection.udacity_layout`)."""
     if layout == "udacity":
         return udacity_episode_is_complete(out_dir, job.episode_id)
     paths = EpisodePaths.for_id(out_dir, job.episode_id)

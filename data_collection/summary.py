@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from data_collection.dataset import DatasetError, load_episode_records
-from data_collection.episode import frame_kind_of
-from nsacdrive.atomic import json_safe
-from nsacdrive.seeds import format_seeds
+from nsacdrive.common.atomic import json_safe
+from nsacdrive.common.seeds import format_seeds
+from nsacdrive.data_collection.dataset import DatasetError, load_episode_records
+from nsacdrive.data_collection.episode import frame_kind_of
 
 ACTION_NAMES = ("steer", "gas", "brake")
 

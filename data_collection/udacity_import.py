@@ -24,7 +24,7 @@ LAST stretches of the drive as validation and test — contiguous blocks of time
 neighbouring frames never fall on both sides except at the two block boundaries. Give disjoint
 ``first_seed`` ranges to import several recordings into one folder.
 
-The episode format's extension for these episodes is described in :mod:`data_collection.episode`
+The episode format's extension for these episodes is described in :mod:`nsacdrive.data_collection.episode`
 (``frame_kind`` ``udacity``, ``left_observations`` / ``right_observations``, NaN pose and
 progress, zero-column state). Output is staged in a temporary folder and moved in only when the
 whole import succeeded, so a failed import leaves nothing behind.
@@ -48,13 +48,12 @@ from typing import Any
 
 import cv2
 import numpy as np
-
-from data_collection.dataset import DatasetError
-from data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
-from data_collection.manifest import sidecar_paths, write_manifest
-from data_collection.udacity_layout import LOG_NAME
-from envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACITY_RAW_FRAME_SHAPE
-from nsacdrive.atomic import PARTIAL_SUFFIX, atomic_write_json
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json
+from nsacdrive.data_collection.dataset import DatasetError
+from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
+from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
+from nsacdrive.data_collection.udacity_layout import LOG_NAME
+from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACITY_RAW_FRAME_SHAPE
 
 SOURCE = "udacity-import"
 CAMERAS = tuple(CAMERA_ARRAYS)  # center, left, right: the log's first three columns

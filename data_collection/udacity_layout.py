@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from data_collection.episode import CAMERA_ARRAYS
-from envs.udacity_observation import JPEG_QUALITY, encode_jpeg
-from nsacdrive.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
+from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
+from nsacdrive.data_collection.episode import CAMERA_ARRAYS
+from nsacdrive.envs.udacity_observation import JPEG_QUALITY, encode_jpeg
 
 IMG_DIR = "IMG"
 EPISODES_DIR = "episodes"

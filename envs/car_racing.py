@@ -7,7 +7,7 @@ sets road/background/grass itself and resets with ``options={"randomize": False}
 seed ``s`` is exactly the default env's track of seed ``s``, only the paint differs.
 
 Renderers for the 96×96 state frame: ``"stock"`` is gymnasium's pure-Python pygame drawing
-on a 1000×800 canvas; ``"fast"`` (:mod:`envs.fast_render`) draws the same scene with numpy and
+on a 1000×800 canvas; ``"fast"`` (:mod:`nsacdrive.envs.fast_render`) draws the same scene with numpy and
 OpenCV on a small supersampled canvas, an order of magnitude faster at a mean pixel
 difference well under 1/255 (``make bench``). ``human`` and ``rgb_array`` renders always use the
 stock code.
@@ -24,10 +24,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.box2d.car_racing import CarRacing
-
-from envs.colours import DEFAULT_SCHEME, ColourScheme, resolve_colour_scheme, validate_preset
-from envs.fast_render import FastStateRenderer
-from envs.geometry import TrackGeometry
+from nsacdrive.envs.colours import DEFAULT_SCHEME, ColourScheme, resolve_colour_scheme, validate_preset
+from nsacdrive.envs.fast_render import FastStateRenderer
+from nsacdrive.envs.geometry import TrackGeometry
 
 ENV_ID = "nsacdrive/CarRacing-v3"
 MAX_EPISODE_STEPS = 1000
@@ -134,12 +133,12 @@ def make_car_racing(
     """The one factory for CarRacing envs in nsacdrive (TimeLimit and order checks included).
 
     Args:
-        colour_preset: a name from :func:`envs.colours.list_presets`.
+        colour_preset: a name from :func:`nsacdrive.envs.colours.list_presets`.
         render_observations: False skips pixel drawing on ``step`` (observations are zeros;
             use ``env.unwrapped.render_observation()`` when a frame is needed).
         render_mode: gymnasium render mode for ``env.render()`` (``human``/``rgb_array``).
         max_episode_steps: truncation horizon (1000 = the standard CarRacing protocol).
-        renderer: ``"stock"`` (gymnasium's pygame drawing) or ``"fast"`` (envs.fast_render).
+        renderer: ``"stock"`` (gymnasium's pygame drawing) or ``"fast"`` (nsacdrive.envs.fast_render).
     """
     return make_registered(ENV_ID, max_episode_steps, colour_preset=colour_preset,
                            render_observations=render_observations, render_mode=render_mode, renderer=renderer)

@@ -3,7 +3,7 @@
 A scheme fixes the three colours the stock renderer uses (road, background, grass patches).
 Presets are resolved per episode from the preset name and the track seed, so the same
 (preset, seed) pair always gives the same colours and, through the track-preserving recipe in
-:mod:`envs.car_racing`, the same track as the default env.
+:mod:`nsacdrive.envs.car_racing`, the same track as the default env.
 
 Preset grammar (see :func:`list_presets`):
 

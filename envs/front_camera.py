@@ -17,7 +17,7 @@ is area-averaged down (anti-aliasing). ``fillPoly`` fills by the even-odd rule, 
 quads of one call would cancel: each layer is split into three interleaved groups (index mod 3),
 whose quads never overlap (neighbouring tiles can, on the inside of hairpins).
 
-Colours follow the env's :class:`envs.colours.ColourScheme` (see :class:`FrontCameraPalette`).
+Colours follow the env's :class:`nsacdrive.envs.colours.ColourScheme` (see :class:`FrontCameraPalette`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
-
-from envs.colours import DEFAULT_SCHEME, RGB, ColourScheme, rotate_hue
-from envs.fast_render import grass_patches
-from envs.geometry import TRACK_HALF_WIDTH
+from nsacdrive.envs.colours import DEFAULT_SCHEME, RGB, ColourScheme, rotate_hue
+from nsacdrive.envs.fast_render import grass_patches
+from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 
 _SHIFT = 4  # OpenCV sub-pixel bits: coordinates in 1/16 pixel
 _ONE = 1 << _SHIFT
@@ -174,7 +173,7 @@ class _Paint:
 
 
 class FrontCamera:
-    """Draws front-camera frames for a reset :class:`envs.car_racing.NsacCarRacing` (unwrapped)."""
+    """Draws front-camera frames for a reset :class:`nsacdrive.envs.car_racing.NsacCarRacing` (unwrapped)."""
 
     def __init__(self, config: CameraConfig = CameraConfig()) -> None:
         self.config = config

@@ -7,12 +7,12 @@ model never sees frames prepared another way than it was trained on. An episode'
 
 | kind       | raw frame (H, W, C) | network frame (C, H, W) | transform                               |
 |------------|---------------------|-------------------------|-----------------------------------------|
-| carracing  | 96×96×3             | 3×84×96, [0, 1] RGB     | :func:`envs.observation.preprocess_observation` |
-| udacity    | 160×320×3           | 3×66×200, [−1, 1] YUV   | :func:`envs.udacity_observation.preprocess_udacity` |
+| carracing  | 96×96×3             | 3×84×96, [0, 1] RGB     | :func:`nsacdrive.envs.observation.preprocess_observation` |
+| udacity    | 160×320×3           | 3×66×200, [−1, 1] YUV   | :func:`nsacdrive.envs.udacity_observation.preprocess_udacity` |
 
 ``intro_steps`` are skipped at the start of every episode (CarRacing's zoom-in animation; a
 recording has none). Timestamps are one convention for every kind — frames counted at
-CarRacing's 50 Hz (:func:`data_collection.dataset.sequence_timestamps`) — so the closed-loop
+CarRacing's 50 Hz (:func:`nsacdrive.data_collection.dataset.sequence_timestamps`) — so the closed-loop
 agents need no per-kind timing; for Udacity recordings (~10 Hz) they are a nominal time scale
 the heads learn, not wall-clock seconds.
 """
@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from envs.car_racing import INTRO_STEPS
-from envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, preprocess_observation
-from envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
+from nsacdrive.envs.car_racing import INTRO_STEPS
+from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, preprocess_observation
+from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
 
 DEFAULT_FRAME_KIND = "carracing"
 
@@ -67,9 +66,9 @@ def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer
     """The env whose camera makes kind ``name``'s raw frames (closed-loop driving of a controller).
 
     ``carracing``: CarRacing with ``renderer`` (fast or stock); ``udacity``: the front-camera
-    simulator (:func:`envs.udacity_style.make_udacity_style`, which has one renderer of its own)."""
-    from envs.car_racing import make_car_racing
-    from envs.udacity_style import make_udacity_style
+    simulator (:func:`nsacdrive.envs.udacity_style.make_udacity_style`, which has one renderer of its own)."""
+    from nsacdrive.envs.car_racing import make_car_racing
+    from nsacdrive.envs.udacity_style import make_udacity_style
 
     if observation_kind(name).name == "udacity":
         if renderer != "fast":

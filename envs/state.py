@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from envs.geometry import TrackGeometry, TrackProjection, wrap_angle
+from nsacdrive.envs.geometry import TrackGeometry, TrackProjection, wrap_angle
 
 #: Distances (world units) ahead of the car's projection at which curvature is sampled.
 CURVATURE_LOOKAHEAD = np.array([5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 80.0])
@@ -113,7 +112,7 @@ class PrivilegedState:
 
 
 def privileged_state(env) -> PrivilegedState:
-    """The privileged state of an :class:`envs.car_racing.NsacCarRacing` (any wrapper depth)."""
+    """The privileged state of an :class:`nsacdrive.envs.car_racing.NsacCarRacing` (any wrapper depth)."""
     base = env.unwrapped
     geometry: TrackGeometry | None = getattr(base, "geometry", None)
     if geometry is None or base.car is None:

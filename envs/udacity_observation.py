@@ -1,4 +1,4 @@
-"""The Udacity-simulator observation transform (driving.md §9), the twin of :mod:`envs.observation`.
+"""The Udacity-simulator observation transform (driving.md §9), the twin of :mod:`nsacdrive.envs.observation`.
 
 A camera frame is 160×320 RGB (the simulator's JPEGs, decoded to uint8 RGB). The network sees
 the Shibuya/NVIDIA preprocessing: rows 60 … H−25 (sky and bonnet removed), resized to 200×66
@@ -6,7 +6,7 @@ with AREA interpolation, converted RGB → YUV and scaled to [−1, 1] as x / 12
 first. The widely copied script passes ``cv2.INTER_AREA`` as ``cv2.resize``'s third POSITIONAL
 argument (``dst``), so it silently gets the default bilinear filter; here it is passed as
 ``interpolation=``. Augmentation (training only) works on the raw frames before this call
-(:mod:`controllers.udacity_augment`).
+(:mod:`nsacdrive.controllers.udacity_augment`).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 The Udacity simulator's data are 320×160 RGB frames from a camera behind the windscreen (plus
 two cameras offset sideways), not CarRacing's top-down 96×96 view. This env keeps everything of
-:class:`envs.car_racing.NsacCarRacing` — tracks of a seed, colour presets, Box2D physics, action
+:class:`nsacdrive.envs.car_racing.NsacCarRacing` — tracks of a seed, colour presets, Box2D physics, action
 space, reward, termination, ``track_seed``/``geometry``/``car`` attributes, so
-:func:`envs.state.privileged_state`, the pure-pursuit expert and :func:`agents.rollout.drive` work
-unchanged — and replaces the observation by the front camera of :mod:`envs.front_camera`.
+:func:`nsacdrive.envs.state.privileged_state`, the pure-pursuit expert and :func:`nsacdrive.agents.rollout.drive` work
+unchanged — and replaces the observation by the front camera of :mod:`nsacdrive.envs.front_camera`.
 
 Side cameras cost two more renders, so they are drawn only when asked: with
 ``side_cameras=True`` every ``reset`` and ``step`` info carries ``left_observation`` and
@@ -20,9 +20,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-
-from envs.car_racing import MAX_EPISODE_STEPS, NsacCarRacing, make_registered
-from envs.front_camera import CameraConfig, FrontCamera
+from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, NsacCarRacing, make_registered
+from nsacdrive.envs.front_camera import CameraConfig, FrontCamera
 
 ENV_ID = "nsacdrive/UdacityStyle-v0"
 RENDERER = "front-camera"
@@ -85,7 +84,7 @@ class UdacityStyleCarRacing(NsacCarRacing):
 class SideCameraLog(gym.Wrapper):
     """Keeps the current episode's side-camera frames from ``reset`` and every ``step``.
 
-    For recorders: :func:`agents.rollout.drive` drops the reset info, and with it the first
+    For recorders: :func:`nsacdrive.agents.rollout.drive` drops the reset info, and with it the first
     side frames. ``frames[name]`` lines up with the observations (T+1 frames after T steps).
     """
 
@@ -118,11 +117,11 @@ def make_udacity_style(
     side_cameras: bool = False,
     camera: CameraConfig = CameraConfig(),
 ) -> gym.Env:
-    """The one factory for front-camera envs (mirrors :func:`envs.car_racing.make_car_racing`).
+    """The one factory for front-camera envs (mirrors :func:`nsacdrive.envs.car_racing.make_car_racing`).
 
     Args:
-        colour_preset: a name from :func:`envs.colours.list_presets` (recolours road, grass,
-            kerbs and sky; see :class:`envs.front_camera.FrontCameraPalette`).
+        colour_preset: a name from :func:`nsacdrive.envs.colours.list_presets` (recolours road, grass,
+            kerbs and sky; see :class:`nsacdrive.envs.front_camera.FrontCameraPalette`).
         render_observations: False skips drawing on ``step`` (observations are zeros).
         render_mode: gymnasium render mode for ``env.render()`` (CarRacing's top-down views).
         max_episode_steps: truncation horizon (1000 = the standard CarRacing protocol).

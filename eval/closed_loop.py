@@ -39,18 +39,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.rollout import termination_reason
+from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from nsacdrive.common.backends import run_tasks
+from nsacdrive.controllers.actions import clip_to_box
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.envs.car_racing import RENDERERS
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
+from nsacdrive.envs.state import privileged_state
+from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 from tqdm import tqdm
-
-from agents.expert import PurePursuitExpert
-from agents.rollout import termination_reason
-from controllers.actions import clip_to_box
-from controllers.nsac import UncertainPrediction
-from envs.car_racing import RENDERERS
-from envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
-from envs.state import privileged_state
-from eval.driver import ControllerInterface, ControllerPolicy
-from nsacdrive.atomic import atomic_path, atomic_write_bytes, atomic_write_json
-from nsacdrive.backends import run_tasks
 
 INFERENCE_MODES = ("auto", "inline", "process")
 OFF_ROAD_PENALTY = 0.8
@@ -290,7 +289,7 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
     Never raises: a fault fails its episode (or, in the controller call, every running one).
     The same group always gives the same episodes (:class:`LockstepGroup`). ``on_frame(i, frame)``
     receives every frame episode ``i`` acts on (videos); ``on_policy`` receives the
-    :class:`eval.driver.ControllerPolicy` before the first step (e.g. to hook its network).
+    :class:`nsacdrive.eval.driver.ControllerPolicy` before the first step (e.g. to hook its network).
     """
     run = _one_run(keys)
     try:
@@ -322,11 +321,11 @@ def run_pipelined(groups: Sequence[Sequence[EpisodeKey]], max_steps: int, sample
     """Drive lockstep groups of one run with the controller in its own process, double-buffered.
 
     Every group has one request in flight: while the inference process predicts for one group,
-    this process steps another's envs (:mod:`eval.inference`). Each group gives exactly the
+    this process steps another's envs (:mod:`nsacdrive.eval.inference`). Each group gives exactly the
     episodes :func:`run_episodes` gives it. Never raises: a controller fault fails the running
     episodes of its group; an inference process that cannot start or dies fails every group's.
     """
-    from eval.inference import InferenceError, InferenceProcess
+    from nsacdrive.eval.inference import InferenceError, InferenceProcess
 
     run = _one_run([key for keys in groups for key in keys])
     try:
@@ -461,7 +460,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     ``batch``: episodes driven in lockstep per controller call (:func:`batch_groups`); part of the
     evaluation's identity like the seeds (a group's rows share one network call, whose float
     rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups.
-    ``backend``/``address`` choose where episodes run (``nsacdrive.backends.run_tasks``: local processes
+    ``backend``/``address`` choose where episodes run (``nsacdrive.common.backends.run_tasks``: local processes
     or a Ray cluster); every backend gives the same episodes for the same seeds.
     ``inference``: where the controller runs (:func:`resolve_inference`): ``inline`` in each worker's
     env loop, or ``process``, its own process beside each worker's, which drives two lockstep groups

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.controllers.checkpoint import read_config
+from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.data_collection.recorder import MixingConfig, collect
+from nsacdrive.eval.closed_loop import evaluate_closed_loop
 from tqdm import tqdm
-
-from controllers.checkpoint import read_config
-from controllers.training import TrainConfig, Trainer
-from data_collection.recorder import MixingConfig, collect
-from eval.closed_loop import evaluate_closed_loop
-from nsacdrive.atomic import atomic_write_json
-from nsacdrive.seeds import parse_seeds
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Drive CarRacing with a trained controller: the closed-loop twin of the training data path.
 
 The agent keeps the last (T−1)·stride + 1 raw frames, picks the T frames ``stride`` steps apart
-exactly as :class:`data_collection.dataset.SequenceDataset` does, runs them through the same
+exactly as :class:`nsacdrive.data_collection.dataset.SequenceDataset` does, runs them through the same
 :func:`envs.preprocess_observation` and the same timestamps
-(:func:`data_collection.dataset.sequence_timestamps`), so the network sees in closed loop what
+(:func:`nsacdrive.data_collection.dataset.sequence_timestamps`), so the network sees in closed loop what
 it saw in training (the published pipeline fed 4 frames as channels of one step instead).
 Before (T−1)·stride steps have passed, the missing older frames repeat the first frame.
 
@@ -11,7 +11,7 @@ Encoders embed every frame on its own, so the agent encodes only the newest fram
 and reuses the cached tokens of the older ones (T× less encoder work; identical predictions,
 tested against re-encoding the whole sequence). :class:`ControllerPolicy` does this for B
 episodes in lockstep, one network call per step for all of them (batched closed-loop
-evaluation); :class:`ControllerAgent` is its one-episode :class:`agents.base.Agent`.
+evaluation); :class:`ControllerAgent` is its one-episode :class:`nsacdrive.agents.base.Agent`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from controllers.actions import clip_to_box
-from controllers.nsac import UncertainPrediction
-from controllers.training import load_run
-from data_collection.dataset import sequence_offsets, sequence_timestamps
-from envs.observation_kinds import preprocess_for
-from envs.state import PrivilegedState
+from nsacdrive.controllers.actions import clip_to_box
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.training import load_run
+from nsacdrive.data_collection.dataset import sequence_offsets, sequence_timestamps
+from nsacdrive.envs.observation_kinds import preprocess_for
+from nsacdrive.envs.state import PrivilegedState
 
 
 def history_indices(newest: int, offsets: np.ndarray) -> list[int]:
@@ -44,7 +43,7 @@ class ControllerInterface:
     """What a driving loop needs to know of a controller besides its predictions."""
 
     model: str  # the head's name (nsac, gmle, …)
-    observation: str  # the observation kind it reads (envs.observation_kinds), which picks the env
+    observation: str  # the observation kind it reads (nsacdrive.envs.observation_kinds), which picks the env
     speed_input: bool  # whether it reads the measured speed
     frames: int  # frames per prediction (the width of a prediction's attention summary)
 
@@ -55,7 +54,7 @@ class ControllerPolicy:
     Each episode keeps a ring buffer of its last (T−1)·stride + 1 frame tokens; a step encodes
     the newest frame of every listed episode in one batch and gathers each one's T history tokens.
     With ``generators`` (one per listed episode) every episode draws from its own random stream
-    (:meth:`controllers.heads.UncertaintyHead.predict_episodes`).
+    (:meth:`nsacdrive.controllers.heads.UncertaintyHead.predict_episodes`).
     """
 
     def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
@@ -108,7 +107,7 @@ class ControllerPolicy:
 
 
 class ControllerAgent(ControllerPolicy):
-    """An :class:`agents.base.Agent` (one episode) that acts with the predictive mean of a trained controller."""
+    """An :class:`nsacdrive.agents.base.Agent` (one episode) that acts with the predictive mean of a trained controller."""
 
     source = "controller"
     needs_pixels = True

@@ -1,6 +1,6 @@
 """A trained controller in its own process, for double-buffered closed-loop evaluation.
 
-In :func:`eval.closed_loop.run_episodes` one process alternates between stepping a lockstep
+In :func:`nsacdrive.eval.closed_loop.run_episodes` one process alternates between stepping a lockstep
 group's envs and one controller call for them, so every step costs env + controller.
 :class:`InferenceProcess` moves the controller into a child process: while the child predicts
 for one group, the caller steps the envs of another (double buffering, as in Sample Factory's
@@ -10,7 +10,7 @@ On a machine whose cores are all stepping envs already (``--workers`` = cores) t
 nothing, which is why ``nsacdrive eval --inference auto`` only uses it when cores are spare.
 
 Requests are answered in the order they were submitted, and a slot has at most one request
-outstanding. Each group has a slot in the child with its own :class:`eval.driver.ControllerPolicy`
+outstanding. Each group has a slot in the child with its own :class:`nsacdrive.eval.driver.ControllerPolicy`
 (token ring) and copies of its episodes' random streams, and the child computes with the
 caller's torch thread count, so a group's predictions are bit for bit those of the inline loop
 (tested). A slot's frames go through shared memory (B×96×96×3 uint8 is ~0.9 MB at B = 32: through
@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from controllers.nsac import UncertainPrediction
-from eval.driver import ControllerInterface, ControllerPolicy
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
 _PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention")
 _EXIT_TIMEOUT_S = 10.0

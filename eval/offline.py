@@ -5,7 +5,7 @@ episodes (colour preset ``default``) and, when ``perturbed_preset`` is given, th
 the same seeds recorded under that preset (the expert drives on privileged state, so the
 labels are the same laps, recoloured). Predictions use each model's own number of draws.
 Per action and model: MSE, NLL, CRPS, MACE/RMSCE, sharpness, AUSE, Spearman
-(:func:`controllers.metrics.regression_report`), and the OOD AUROC of the predictive std
+(:func:`nsacdrive.controllers.metrics.regression_report`), and the OOD AUROC of the predictive std
 between clean and perturbed frames.
 """
 
@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.metrics import ood_auroc, regression_report
+from nsacdrive.controllers.training import load_run
+from nsacdrive.data_collection.dataset import SequenceDataset
 from torch.utils.data import DataLoader
-
-from controllers.actions import ACTION_NAMES
-from controllers.metrics import ood_auroc, regression_report
-from controllers.training import load_run
-from data_collection.dataset import SequenceDataset
-from nsacdrive.atomic import atomic_write_bytes, atomic_write_json
-from nsacdrive.seeds import parse_seeds
 
 METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
 
@@ -136,7 +135,7 @@ def seed_repeats(run_dir: Path, count: int, progress: bool = True) -> list[Path]
     """``run_dir`` plus ``count − 1`` retrainings with seeds seed+1, … (in run_dir/seed-repeats/, resumable)."""
     import dataclasses
 
-    from controllers.training import Trainer
+    from nsacdrive.controllers.training import Trainer
 
     _, config = load_run(run_dir)
     runs = [run_dir]

@@ -29,11 +29,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
-
-from envs.car_racing import make_car_racing
-from envs.geometry import TRACK_HALF_WIDTH
-from eval.results import group_label, load_aggregates, load_episode, load_records
-from nsacdrive.atomic import atomic_path
+from nsacdrive.common.atomic import atomic_path
+from nsacdrive.envs.car_racing import make_car_racing
+from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
+from nsacdrive.eval.results import group_label, load_aggregates, load_episode, load_records
 
 ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LIMITS = ((-1.0, 1.0), (0.0, 1.0), (0.0, 1.0))
@@ -248,7 +247,7 @@ OFFLINE_METRICS = ("mse", "nll", "crps", "mace", "sharpness", "ause", "spearman"
 
 
 def offline_figure(rows: list[dict[str, Any]], title: str) -> Figure:
-    """The offline table (``eval.offline.table_rows``) as bars: one panel per metric, actions on the
+    """The offline table (``nsacdrive.eval.offline.table_rows``) as bars: one panel per metric, actions on the
     x axis, one bar per (model, condition); metrics a condition lacks (AUROC on clean) are left out."""
     groups = list(dict.fromkeys((r["model"], r["run"], r["condition"]) for r in rows))
     actions = list(dict.fromkeys(r["action"] for r in rows))

@@ -1,7 +1,7 @@
 """Read a closed-loop evaluation folder (``nsacdrive eval --out DIR``) back for figures and videos.
 
 The folder holds ``aggregates.json`` (per (model, preset) rows and the evaluation settings) and
-``episodes/<id>.json`` + ``episodes/<id>.npz`` per episode (see :mod:`eval.closed_loop`). Every
+``episodes/<id>.json`` + ``episodes/<id>.npz`` per episode (see :mod:`nsacdrive.eval.closed_loop`). Every
 problem is an :class:`EvaluationError` that names the file, so the command line can report it.
 """
 
@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from eval.closed_loop import LOG_FIELDS
+from nsacdrive.eval.closed_loop import LOG_FIELDS
 
 
 class EvaluationError(ValueError):

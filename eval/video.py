@@ -1,6 +1,6 @@
 """Videos of closed-loop episodes: what the controller saw, what it did, how unsure it was.
 
-An episode is re-driven (:func:`eval.closed_loop.run_episodes` is deterministic: same group, same
+An episode is re-driven (:func:`nsacdrive.eval.closed_loop.run_episodes` is deterministic: same group, same
 settings → same actions) and every 96×96 frame the controller saw is upscaled and written with
 a panel underneath: step, speed and signed lateral error as text, bars for the executed steer,
 gas and brake, the expert's steer as a yellow marker on the steer bar, and a bar for the
@@ -19,11 +19,10 @@ from typing import Any
 
 import cv2
 import numpy as np
-
-from envs.geometry import TRACK_HALF_WIDTH
-from eval.closed_loop import EpisodeKey, run_episodes
-from eval.results import EvaluationError, load_aggregates, load_episode
-from nsacdrive.atomic import atomic_path
+from nsacdrive.common.atomic import atomic_path
+from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
+from nsacdrive.eval.closed_loop import EpisodeKey, run_episodes
+from nsacdrive.eval.results import EvaluationError, load_aggregates, load_episode
 
 FRAME_PIXELS = 96
 ACTION_TOLERANCE = 1e-5  # re-driven vs logged executed action (float32 logs of the same computation)
@@ -63,7 +62,7 @@ def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None,
     frame the controller saw, after checking that the executed actions match the log.
 
     The episode is re-driven inside its lockstep group (``batch_group`` in its record;
-    :func:`eval.closed_loop.run_episodes`), so every row sees the batch it was evaluated in.
+    :func:`nsacdrive.eval.closed_loop.run_episodes`), so every row sees the batch it was evaluated in.
     ``run`` replaces the run folder recorded in the episode (an evaluation read from another
     working directory); ``on_agent(policy, row)`` receives the controller before the first step
     and this episode's row in the group's batch (e.g. to hook the network's internals).

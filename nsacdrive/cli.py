@@ -33,7 +33,7 @@ app.add_typer(udacity_app, name="udacity")
 
 
 def _seeds(text: str, argument: str = "--seeds") -> list[int]:
-    from nsacdrive.seeds import parse_seeds
+    from nsacdrive.common.seeds import parse_seeds
 
     try:
         return parse_seeds(text, argument)
@@ -42,7 +42,7 @@ def _seeds(text: str, argument: str = "--seeds") -> list[int]:
 
 
 def _presets(text: str) -> list[str]:
-    from envs.colours import validate_preset
+    from nsacdrive.envs.colours import validate_preset
 
     presets = [p.strip() for p in text.split(",") if p.strip()]
     if not presets:
@@ -69,8 +69,8 @@ def collect(
     layout: str = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
-    from data_collection.recorder import NoiseConfig
-    from data_collection.recorder import collect as run_collect
+    from nsacdrive.data_collection.recorder import NoiseConfig
+    from nsacdrive.data_collection.recorder import collect as run_collect
 
     try:
         summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
@@ -92,9 +92,9 @@ def data_info(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Warn about and skip corrupt episodes instead of failing."),
 ) -> None:
     """Summarise a dataset: episodes, frames, seeds, sources, colour schemes, action statistics."""
-    from data_collection.dataset import DatasetError
-    from data_collection.episode import EpisodeFileError
-    from data_collection.summary import summarize
+    from nsacdrive.data_collection.dataset import DatasetError
+    from nsacdrive.data_collection.episode import EpisodeFileError
+    from nsacdrive.data_collection.summary import summarize
 
     try:
         summary = summarize(path, on_error="skip" if skip_bad else "raise")
@@ -113,8 +113,8 @@ def expert_evaluate(
     out: Optional[Path] = typer.Option(None, "--out", help="Write per-episode results as JSON here."),
 ) -> None:
     """Score an agent on held-out tracks (render-free when it needs no pixels)."""
-    from agents.quality import evaluate_agent
-    from nsacdrive.atomic import atomic_write_json
+    from nsacdrive.agents.quality import evaluate_agent
+    from nsacdrive.common.atomic import atomic_write_json
 
     presets = _presets(colour_preset)
     if len(presets) != 1:
@@ -148,7 +148,7 @@ def expert_train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:
     """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
-    from agents.ppo import OBS_KINDS, PPOConfig, train_ppo
+    from nsacdrive.agents.ppo import OBS_KINDS, PPOConfig, train_ppo
 
     if obs not in OBS_KINDS:
         raise typer.BadParameter(f"--obs: expected one of {', '.join(OBS_KINDS)}, got {obs!r}")
@@ -176,7 +176,7 @@ def human_drive(
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
 ) -> None:
     """Play CarRacing with the arrow keys (or a gamepad); R restarts, Q/Esc quits."""
-    from data_collection.human import record_human
+    from nsacdrive.data_collection.human import record_human
 
     try:
         presets = _presets(colour_preset)
@@ -205,7 +205,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
 ) -> None:
     """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
-    from controllers.training import TrainConfig, Trainer
+    from nsacdrive.controllers.training import TrainConfig, Trainer
 
     try:
         settings = json.loads(config.read_text()) if config is not None else {}
@@ -241,8 +241,8 @@ def evaluate_offline(
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean and colour-perturbed."""
-    from controllers.checkpoint import CheckpointError
-    from eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
+    from nsacdrive.controllers.checkpoint import CheckpointError
+    from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
 
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split: expected test or val, got {split!r}")
@@ -282,8 +282,8 @@ def closed_loop_eval(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
-    from eval.closed_loop import evaluate_closed_loop
-    from nsacdrive.backends import BACKENDS
+    from nsacdrive.common.backends import BACKENDS
+    from nsacdrive.eval.closed_loop import evaluate_closed_loop
 
     if backend not in BACKENDS:
         raise typer.BadParameter(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -316,9 +316,9 @@ def plot(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction when re-driving (default: the evaluation's own, from aggregates.json)."),
 ) -> None:
     """Figures of a closed-loop evaluation: success and scores, then paths, actions and uncertainty per episode."""
-    from eval.plots import write_episode_figures, write_evaluation_figures
-    from eval.results import EvaluationError, choose_episodes, load_aggregates, load_records
-    from eval.video import write_episode_video
+    from nsacdrive.eval.plots import write_episode_figures, write_evaluation_figures
+    from nsacdrive.eval.results import EvaluationError, choose_episodes, load_aggregates, load_records
+    from nsacdrive.eval.video import write_episode_video
 
     out = out if out is not None else eval_dir / "figures"
     try:
@@ -356,7 +356,7 @@ def report(
     perturbation: Optional[str] = typer.Option(None, "--perturbation", help="Colour preset of the perturbed Grad-CAM frames (default: the evaluation's first non-default preset, else shift-3)."),
 ) -> None:
     """Static HTML report: closed-loop and offline tables, Grad-CAM with a sanity check, neuron-level potentials."""
-    from eval.report import ReportConfig, write_report
+    from nsacdrive.eval.explain.report import ReportConfig, write_report
 
     if perturbation is not None:
         named = _presets(perturbation)
@@ -394,7 +394,7 @@ def dagger(
     seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
 ) -> None:
     """DAgger: the learner drives, the privileged expert labels, the controller is fine-tuned; resumable."""
-    from eval.dagger import Dagger, DaggerConfig, format_report
+    from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
     try:
         config = DaggerConfig(str(init), rounds, episodes_per_round, beta0, beta_decay, seeds, tuple(_presets(colour_preset)),
@@ -412,7 +412,7 @@ def dagger(
 @env_app.command("presets")
 def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to resolve seeded presets.")) -> None:
     """List the colour presets and the colours they give on one track seed."""
-    from envs.colours import list_presets, resolve_colour_scheme
+    from nsacdrive.envs.colours import list_presets, resolve_colour_scheme
 
     typer.echo(f"{'preset':<10}{'road':>22}{'background':>22}{'grass':>22}")
     for name in list_presets():

@@ -21,8 +21,8 @@ def import_recording(
     episode_length: int = typer.Option(200, "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
 ) -> None:
     """Import a Udacity simulator recording as episodes (source udacity-import) for `nsacdrive train`."""
-    from data_collection.udacity_import import ImportConfig, UdacityImportError
-    from data_collection.udacity_import import import_recording as run_import
+    from nsacdrive.data_collection.udacity_import import ImportConfig, UdacityImportError
+    from nsacdrive.data_collection.udacity_import import import_recording as run_import
 
     try:
         result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing), progress=True)
@@ -50,13 +50,13 @@ def serve(
     """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
     import logging
 
-    from controllers.checkpoint import CheckpointError
-    from eval.udacity_server import FrameLog, ServeConfig, TelemetryHandler, serve
+    from nsacdrive.controllers.checkpoint import CheckpointError
+    from nsacdrive.eval.serve.udacity_server import FrameLog, ServeConfig, TelemetryHandler, serve
 
     events = logging.StreamHandler()  # this server's events only (python-socketio stays at its quiet default)
     events.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.getLogger("eval.udacity_server").addHandler(events)
-    logging.getLogger("eval.udacity_server").setLevel(logging.INFO)
+    logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
+    logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
     try:
         handler = TelemetryHandler.from_run(run, ServeConfig(throttle, speed_limit, slow_limit), samples)
     except (CheckpointError, ValueError) as exc:

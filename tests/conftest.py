@@ -1,23 +1,14 @@
-"""Shared test setup: headless pygame, importable project packages, hypothesis profiles."""
+"""Shared test setup: headless pygame, hypothesis profiles."""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 # pygame must never open a window or an audio device in tests; set before anything imports it.
 os.environ["SDL_VIDEODRIVER"] = "dummy"
 os.environ["SDL_AUDIODRIVER"] = "dummy"
 
-# Put the repository root first so `envs` / `agents` resolve to the source packages even when the
-# editable install's finder is stale (e.g. it registered a package as a namespace before its
-# __init__.py existed) or pytest is started from another directory.
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
 # Geometry properties are pure numpy and fast; no deadline so a slow CI core cannot flake them.
 # Derandomised: the suite draws the same examples on every run (a CI result is reproducible);

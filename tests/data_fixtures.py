@@ -21,10 +21,9 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 import numpy as np  # noqa: E402
-
-from data_collection.episode import encode_episode, write_episode  # noqa: E402
-from envs.colours import resolve_colour_scheme  # noqa: E402
-from envs.state import STATE_FIELDS  # noqa: E402
+from nsacdrive.data_collection.episode import encode_episode, write_episode  # noqa: E402
+from nsacdrive.envs.colours import resolve_colour_scheme  # noqa: E402
+from nsacdrive.envs.state import STATE_FIELDS  # noqa: E402
 
 STATE_DIM = len(STATE_FIELDS)
 
@@ -148,8 +147,8 @@ def replay_episode(sidecar: dict[str, Any], arrays: dict[str, np.ndarray]) -> No
     Observations must match exactly (lossless), the small float arrays exactly after the same
     float32 cast the recorder applies, and the expert must give the recorded labels again.
     """
-    from agents.expert import PurePursuitExpert
-    from envs import make_car_racing, privileged_state
+    from nsacdrive.agents.expert import PurePursuitExpert
+    from nsacdrive.envs import make_car_racing, privileged_state
 
     env = make_car_racing(colour_preset=sidecar["colour_preset"], max_episode_steps=int(sidecar["max_steps"]),
                           renderer=sidecar["renderer"])

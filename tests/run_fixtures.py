@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controllers.encoders import EncoderConfig
-from controllers.registry import ModelConfig
-from controllers.training import TrainConfig, Trainer
-from data_collection.recorder import collect
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.data_collection.recorder import collect
 
 TINY_MODEL: dict[str, Any] = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
 

@@ -6,10 +6,8 @@ import math
 
 import pytest
 import torch
-from scipy import stats
-
-from controllers.actions import ACTION_HIGH, ACTION_LOW
-from controllers.baselines import (
+from nsacdrive.controllers.actions import ACTION_HIGH, ACTION_LOW
+from nsacdrive.controllers.baselines import (
     EnsembleController,
     EvidentialHead,
     MCDropoutHead,
@@ -18,11 +16,12 @@ from controllers.baselines import (
     nig_nll,
     nig_regulariser,
 )
-from controllers.controller import Controller, head_times
-from controllers.encoders import EncoderConfig, make_encoder
-from controllers.heads import GMLEHead
-from controllers.objectives import gaussian_nll
-from controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
+from nsacdrive.controllers.controller import Controller, head_times
+from nsacdrive.controllers.encoders import EncoderConfig, make_encoder
+from nsacdrive.controllers.heads import GMLEHead
+from nsacdrive.controllers.objectives import gaussian_nll
+from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
+from scipy import stats
 
 HEADS = ["mcdropout", "evidential", "sdenet"]
 HEAD_TYPES = {"mcdropout": MCDropoutHead, "evidential": EvidentialHead, "sdenet": SDENetHead}

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_fixtures import normalize, write_synthetic
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.summary import ACTION_NAMES
+from nsacdrive.envs.colours import list_presets
 from typer.testing import CliRunner
 
-from data_collection.episode import load_episode_arrays
-from data_collection.summary import ACTION_NAMES
-from envs.colours import list_presets
 from nsacdrive.cli import app
 
 EPISODE = "expert_default_seed000000"

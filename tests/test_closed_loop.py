@@ -6,9 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from nsacdrive.eval.closed_loop import EpisodeRecord, aggregate, evaluate_closed_loop, throttle_cap
 from run_fixtures import tiny_run
-
-from eval.closed_loop import EpisodeRecord, aggregate, evaluate_closed_loop, throttle_cap
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def test_same_seeds_give_identical_episodes_and_resume_skips_finished_ones(train
 
 
 def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tmp_path, monkeypatch):
-    from eval import driver
+    from nsacdrive.eval import driver
 
     original = driver.ControllerPolicy.predict_episodes
 
@@ -117,9 +116,8 @@ def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
 
 def test_cached_tokens_give_the_same_prediction_as_re_encoding_the_sequence(trained_run):
     import torch
-
-    from envs.observation import preprocess_observation
-    from eval.driver import ControllerAgent
+    from nsacdrive.envs.observation import preprocess_observation
+    from nsacdrive.eval.driver import ControllerAgent
 
     agent = ControllerAgent(trained_run)
     rng = np.random.default_rng(0)

@@ -8,9 +8,8 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from envs import make_car_racing
-from envs.colours import (
+from nsacdrive.envs import make_car_racing
+from nsacdrive.envs.colours import (
     DEFAULT_SCHEME,
     MAX_SHIFT_SEVERITY,
     ColourScheme,

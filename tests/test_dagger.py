@@ -6,17 +6,16 @@ import json
 
 import numpy as np
 import pytest
+from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.rollout import drive
+from nsacdrive.controllers.checkpoint import CheckpointError, load_weights
+from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset, load_episode_records
+from nsacdrive.data_collection.recorder import MixingConfig, collect
+from nsacdrive.envs.car_racing import make_car_racing
+from nsacdrive.eval.dagger import Dagger, DaggerConfig, round_seeds
 from run_fixtures import tiny_run
-
-from agents.expert import PurePursuitExpert
-from agents.rollout import drive
-from controllers.checkpoint import CheckpointError, load_weights
-from controllers.registry import ModelConfig, build_controller
-from controllers.training import TrainConfig, Trainer
-from data_collection.dataset import DatasetError, SequenceDataset, load_episode_records
-from data_collection.recorder import MixingConfig, collect
-from envs.car_racing import make_car_racing
-from eval.dagger import Dagger, DaggerConfig, round_seeds
 
 
 class ConstantAgent:

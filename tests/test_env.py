@@ -5,8 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-
-from envs import (
+from nsacdrive.envs import (
     STATE_FIELDS,
     ColourScheme,
     NsacCarRacing,
@@ -16,7 +15,7 @@ from envs import (
     privileged_state,
     resolve_colour_scheme,
 )
-from envs.geometry import wrap_angle
+from nsacdrive.envs.geometry import wrap_angle
 
 
 def action_sequence(n: int, seed: int = 0) -> list[np.ndarray]:

@@ -9,14 +9,14 @@ import cv2
 import numpy as np
 import pytest
 from data_fixtures import normalize
+from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.eval.plots import spearman, write_episode_figures, write_evaluation_figures
+from nsacdrive.eval.results import choose_episodes
+from nsacdrive.eval.video import DeterminismError, video_size, write_episode_video
 from run_fixtures import tiny_run
 from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
-from eval.closed_loop import evaluate_closed_loop
-from eval.plots import spearman, write_episode_figures, write_evaluation_figures
-from eval.results import choose_episodes
-from eval.video import DeterminismError, video_size, write_episode_video
 from nsacdrive.cli import app
 
 STEPS = 30

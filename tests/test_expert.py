@@ -12,12 +12,11 @@ import json
 
 import numpy as np
 import pytest
-
-from agents import PurePursuitConfig, PurePursuitExpert
-from agents.base import Agent
-from envs import make_car_racing, privileged_state
-from envs.geometry import TrackGeometry
-from envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
+from nsacdrive.agents import PurePursuitConfig, PurePursuitExpert
+from nsacdrive.agents.base import Agent
+from nsacdrive.envs import make_car_racing, privileged_state
+from nsacdrive.envs.geometry import TrackGeometry
+from nsacdrive.envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
 
 # --------------------------------------------------------------------------- synthetic states
 

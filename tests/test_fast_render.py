@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium.envs.box2d.car_racing import CarRacing
-
-from agents.expert import PurePursuitExpert
-from agents.rollout import drive
-from envs import make_car_racing
-from envs.fast_render import FastStateRenderer, smoothscale_lut
+from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.rollout import drive
+from nsacdrive.envs import make_car_racing
+from nsacdrive.envs.fast_render import FastStateRenderer, smoothscale_lut
 
 # Issue tolerances: mean |diff| <= 3/255 overall, 99th percentile of per-frame means <= 6/255.
 # The renderer does far better (~0.4); the regression bound below catches a real slip early.

@@ -11,10 +11,9 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 import numpy as np  # noqa: E402
 import pygame  # noqa: E402
 import pytest  # noqa: E402
-
-from agents.human import HumanAgent, KeyboardState  # noqa: E402
-from data_collection.episode import load_episode_arrays  # noqa: E402
-from data_collection.human import record_human  # noqa: E402
+from nsacdrive.agents.human import HumanAgent, KeyboardState  # noqa: E402
+from nsacdrive.data_collection.episode import load_episode_arrays  # noqa: E402
+from nsacdrive.data_collection.human import record_human  # noqa: E402
 
 
 @pytest.fixture

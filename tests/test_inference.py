@@ -7,10 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, resolve_inference, run_pipelined
-from eval.driver import ControllerPolicy
-from eval.inference import InferenceError, InferenceProcess
+from nsacdrive.eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, resolve_inference, run_pipelined
+from nsacdrive.eval.driver import ControllerPolicy
+from nsacdrive.eval.inference import InferenceError, InferenceProcess
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,12 @@ import dataclasses
 import math
 
 import mpmath
+import nsacdrive.controllers.levy as levy_module
 import numpy as np
 import pytest
 import scipy.special as sps
 import torch
-
-import controllers.levy as levy_module
-from controllers.levy import (
+from nsacdrive.controllers.levy import (
     LevyActionHead,
     LevyActionHeadConfig,
     LevyAttentionConfig,
@@ -29,7 +28,7 @@ from controllers.levy import (
     fourier_time_features,
     levy_phi,
 )
-from controllers.levy_calibration import (
+from nsacdrive.controllers.levy_calibration import (
     conformal_interval,
     conformal_quantile,
     conformal_scores,

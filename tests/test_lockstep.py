@@ -7,11 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from nsacdrive.controllers.heads import global_rng_from
+from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.eval.closed_loop import EpisodeKey, batch_groups, evaluate_closed_loop, run_episode, run_episodes
 from run_fixtures import TINY_MODEL
-
-from controllers.heads import global_rng_from
-from controllers.registry import ModelConfig, build_controller
-from eval.closed_loop import EpisodeKey, batch_groups, evaluate_closed_loop, run_episode, run_episodes
 
 TIMES = torch.tensor([[-0.06, -0.04, -0.02, 0.0]])
 
@@ -103,9 +102,9 @@ def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_
 
 
 def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simulator(tmp_path):
-    from controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
-    from controllers.encoders import EncoderConfig
-    from controllers.training import TrainConfig
+    from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
+    from nsacdrive.controllers.encoders import EncoderConfig
+    from nsacdrive.controllers.training import TrainConfig
 
     model = ModelConfig(model="nsac", observation="udacity", encoder=EncoderConfig(kind="nvidia", token_dim=16), d_model=16,
                         num_heads=4, topk=8, speed_input=True)
@@ -120,15 +119,15 @@ def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simul
     assert frames[0].shape == (160, 320, 3) and len(frames) == 25  # the front camera, not the 96×96 top view
     assert arrays["attention"].shape == (25, 3) and np.allclose(arrays["attention"].sum(1), 1, atol=1e-4)
     with pytest.raises(ValueError, match="front-camera"):
-        from envs.observation_kinds import make_env_for
+        from nsacdrive.envs.observation_kinds import make_env_for
 
         make_env_for("udacity", "default", 10, renderer="stock")
 
 
 def test_an_internals_recorder_stops_when_its_episode_ends_in_a_longer_group(nsac_run, monkeypatch):
     """A group predicts until its last episode ends; per-episode hooks must not record past their own end."""
-    from eval import driver
-    from eval.potentials import InternalsRecorder
+    from nsacdrive.eval import driver
+    from nsacdrive.eval.explain.potentials import InternalsRecorder
 
     original = driver.ControllerPolicy.predict_episodes
 

@@ -23,9 +23,8 @@ import scipy.stats
 import uncertainty_toolbox as uct
 from hypothesis import given
 from hypothesis import strategies as st
-
-from controllers import metrics as M
-from controllers.metrics import (
+from nsacdrive.controllers import metrics as M
+from nsacdrive.controllers.metrics import (
     ause,
     calibration_curve,
     gaussian_crps,
@@ -456,7 +455,7 @@ def test_regression_report_single_action_and_errors():
 
 def test_module_does_not_import_test_oracles():
     code = (
-        "import sys, controllers.metrics; "
+        "import sys, nsacdrive.controllers.metrics; "
         "bad = {'scipy', 'properscoring', 'uncertainty_toolbox', 'torch'} & set(sys.modules); "
         "assert not bad, bad"
     )

@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from nsacdrive.controllers.circuit_attention import block_topk, exact_topk
+from nsacdrive.controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, attention_per_position, decompose, ou_moments
+from nsacdrive.controllers.objectives import NSACObjective, frozen_batchnorm_statistics, gaussian_nll, gaussian_perturbation
 from torch import nn
-
-from controllers.circuit_attention import block_topk, exact_topk
-from controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, attention_per_position, decompose, ou_moments
-from controllers.objectives import NSACObjective, frozen_batchnorm_statistics, gaussian_nll, gaussian_perturbation
 
 MODES = ["corrected", "reference"]
 
@@ -272,7 +271,7 @@ def test_batched_draws_match_separate_passes_in_distribution():
 
 
 def test_objective_matches_a_hand_computation():
-    from controllers.nsac import NSACOutput
+    from nsacdrive.controllers.nsac import NSACOutput
 
     mean = torch.tensor([[[0.0, 1.0]], [[2.0, 3.0]]])  # S=2, B=1, out=2
     log_sigma = torch.zeros(2, 1, 2)
@@ -349,7 +348,7 @@ def test_nac_exact_logits_follow_the_ode_solution():
 
 
 def test_nsac_head_predictions_carry_the_attention_summary():
-    from controllers.heads import NSACHead
+    from nsacdrive.controllers.heads import NSACHead
 
     torch.manual_seed(0)
     head = NSACHead(NSACConfig(input_dim=12, d_model=16, num_heads=4, topk=8, output_dim=3))

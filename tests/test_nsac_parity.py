@@ -14,7 +14,7 @@ import torch
 
 torch_nac_layers = pytest.importorskip("torch_nac.layers")
 
-from controllers.nsac import NSAC, NSACConfig  # noqa: E402
+from nsacdrive.controllers.nsac import NSAC, NSACConfig  # noqa: E402
 
 D_MODEL, HEADS, INPUT, OUTPUT = 16, 4, 12, 3
 

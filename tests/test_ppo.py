@@ -7,9 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from agents.ppo import (
+from nsacdrive.agents.ppo import (
     CONFIG_FILE,
     MODEL_FILE,
     VECNORMALIZE_FILE,
@@ -22,10 +20,12 @@ from agents.ppo import (
     pedal_to_car_action,
     train_ppo,
 )
-from agents.registry import make_agent
-from data_collection.episode import load_episode_arrays
-from envs.car_racing import make_car_racing
-from envs.state import STATE_FIELDS, privileged_state
+from nsacdrive.agents.registry import make_agent
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.envs.car_racing import make_car_racing
+from nsacdrive.envs.state import STATE_FIELDS, privileged_state
+from typer.testing import CliRunner
+
 from nsacdrive.cli import app
 
 SMOKE = dict(timesteps=2048, n_envs=1, n_steps=256, batch_size=128, n_epochs=2, eval_freq=1024, eval_episodes=1,

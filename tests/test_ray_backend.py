@@ -1,4 +1,4 @@
-"""Episode fan-out backends (nsacdrive/backends.py): Ray gives what the process backend gives.
+"""Episode fan-out backends (common/backends.py): Ray gives what the process backend gives.
 
 The Ray tests share one local 2-CPU cluster per test process (module fixture). Under
 ``pytest -n 2`` each xdist worker that runs one of them starts its own private cluster; the
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize
+from nsacdrive.common.backends import RAY_MISSING, ray_cluster, run_tasks
+from nsacdrive.eval.closed_loop import evaluate_closed_loop
 from run_fixtures import tiny_run
 from typer.testing import CliRunner
 
-from eval.closed_loop import evaluate_closed_loop
-from nsacdrive.backends import RAY_MISSING, ray_cluster, run_tasks
 from nsacdrive.cli import app
 
 

@@ -15,17 +15,16 @@ import pytest
 from data_fixtures import file_bytes, replay_episode
 from hypothesis import given
 from hypothesis import strategies as st
-
-from agents.expert import PurePursuitExpert
-from agents.rollout import apply_action_noise, termination_reason
-from data_collection.dataset import SequenceDataset
-from data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
-from data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest
-from data_collection.recorder import EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
-from envs.car_racing import ENV_ID
-from envs.colours import resolve_colour_scheme
-from envs.observation import PREPROCESS_VERSION, preprocess_observation
-from envs.state import STATE_FIELDS
+from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.rollout import apply_action_noise, termination_reason
+from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
+from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest
+from nsacdrive.data_collection.recorder import EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
+from nsacdrive.envs.car_racing import ENV_ID
+from nsacdrive.envs.colours import resolve_colour_scheme
+from nsacdrive.envs.observation import PREPROCESS_VERSION, preprocess_observation
+from nsacdrive.envs.state import STATE_FIELDS
 
 SEEDS = [3, 7]
 PRESET = "random"  # colours differ per seed, so the sidecar's scheme is checked per episode

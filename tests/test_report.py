@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from browser import find_chromium, load_page, page_url
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.training import TrainConfig, Trainer, load_run
+from nsacdrive.data_collection.dataset import sequence_offsets, sequence_timestamps
+from nsacdrive.data_collection.recorder import collect
+from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.eval.explain.potentials import InternalsRecorder, band_statistics, correlations, steer_bands, unwrapped_progress
+from nsacdrive.eval.explain.report import ReportConfig, write_report
+from nsacdrive.eval.explain.saliency import TARGETS, GradCamUnavailable, SaliencyConfig, SaliencyInputs, grad_cam, sanity_check
+from nsacdrive.eval.offline import evaluate_run, write_tables
+from nsacdrive.eval.video import redrive_episode
 from typer.testing import CliRunner
 
-from controllers.encoders import EncoderConfig
-from controllers.registry import ModelConfig
-from controllers.training import TrainConfig, Trainer, load_run
-from data_collection.dataset import sequence_offsets, sequence_timestamps
-from data_collection.recorder import collect
-from eval.closed_loop import evaluate_closed_loop
-from eval.offline import evaluate_run, write_tables
-from eval.potentials import InternalsRecorder, band_statistics, correlations, steer_bands, unwrapped_progress
-from eval.report import ReportConfig, write_report
-from eval.saliency import TARGETS, GradCamUnavailable, SaliencyConfig, SaliencyInputs, grad_cam, sanity_check
-from eval.video import redrive_episode
 from nsacdrive.cli import app
 
 STEPS = 40
@@ -165,7 +165,7 @@ def test_grad_cam_maps_are_signed_per_target_and_fail_the_randomisation_check(sa
 
 
 def test_grad_cam_refuses_the_published_encoder_map():
-    from controllers.registry import build_controller
+    from nsacdrive.controllers.registry import build_controller
 
     model = build_controller(ModelConfig(model="gmle", **{**TINY, "encoder": EncoderConfig(kind="reference", token_dim=16)}))
     inputs = SaliencyInputs.from_sequences(np.zeros((1, 4, 96, 96, 3), np.uint8), np.zeros(4, np.float32))

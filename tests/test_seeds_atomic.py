@@ -1,4 +1,4 @@
-"""nsacdrive.seeds (seed lists on the command line) and nsacdrive.atomic (crash-safe writes)."""
+"""nsacdrive.common.seeds (seed lists on the command line) and nsacdrive.common.atomic (crash-safe writes)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from nsacdrive.atomic import PARTIAL_SUFFIX, atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
-from nsacdrive.seeds import format_seeds, parse_seeds
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
+from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 # --------------------------------------------------------------------------- parse_seeds / format_seeds
 

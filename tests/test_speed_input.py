@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from controllers.encoders import EncoderConfig
-from controllers.registry import ModelConfig, build_controller
-from controllers.training import TrainConfig, Trainer
-from data_collection.dataset import SequenceDataset, load_episode_records
-from data_collection.recorder import collect
-from envs.observation import preprocess_observation
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.data_collection.dataset import SequenceDataset, load_episode_records
+from nsacdrive.data_collection.recorder import collect
+from nsacdrive.envs.observation import preprocess_observation
 
 TINY = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4, speed_input=True)
 
@@ -56,7 +55,7 @@ def test_speed_embedding_is_trained(dataset_dir, tmp_path):
 
 
 def test_closed_loop_agent_feeds_the_speed_and_its_cache_matches_re_encoding(dataset_dir, tmp_path):
-    from eval.driver import ControllerAgent
+    from nsacdrive.eval.driver import ControllerAgent
 
     config = TrainConfig(data=str(dataset_dir), model=ModelConfig(model="gmle", **TINY), train_seeds="0", val_seeds="1",
                          test_seeds="2", batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1)
@@ -75,7 +74,7 @@ def test_closed_loop_agent_feeds_the_speed_and_its_cache_matches_re_encoding(dat
 
 
 def test_grad_cam_explains_speed_input_controllers_with_their_speeds():
-    from eval.saliency import SaliencyConfig, SaliencyInputs, grad_cam
+    from nsacdrive.eval.explain.saliency import SaliencyConfig, SaliencyInputs, grad_cam
 
     torch.manual_seed(0)
     controller = build_controller(ModelConfig(model="gmle", **TINY)).eval()

@@ -9,16 +9,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from nsacdrive.controllers.checkpoint import CheckpointError
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig
+from nsacdrive.controllers.training import TrainConfig, Trainer, load_run
+from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.recorder import collect
+from nsacdrive.eval.driver import ControllerAgent
 from safetensors.torch import load_file
-
-from controllers.checkpoint import CheckpointError
-from controllers.encoders import EncoderConfig
-from controllers.registry import MODEL_BUILDERS, ModelConfig
-from controllers.training import TrainConfig, Trainer, load_run
-from data_collection.dataset import SequenceDataset
-from data_collection.episode import load_episode_arrays
-from data_collection.recorder import collect
-from eval.driver import ControllerAgent
 
 TINY_ENCODER = EncoderConfig(token_dim=16, channels=(8, 16, 16))
 ALL_MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
@@ -189,7 +188,7 @@ def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
 
 
 def test_reference_encoder_builds_trains_and_keeps_batchnorm_statistics_for_perturbed_passes():
-    from controllers.registry import build_controller
+    from nsacdrive.controllers.registry import build_controller
 
     torch.manual_seed(0)
     controller = build_controller(ModelConfig(model="nsac", encoder=EncoderConfig(kind="reference"), d_model=16, num_heads=4))

@@ -11,14 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_fixtures import encode_raw, normalize, synthetic_arrays, write_raw_episode, write_synthetic
-from typer.testing import CliRunner
-from udacity_fixtures import PATH_STYLES, write_recording
-
-from data_collection.dataset import DatasetError, dataset_roots
-from data_collection.episode import EpisodeFileError, load_episode_arrays, read_sidecar, write_episode
-from data_collection.manifest import sidecar_paths
-from data_collection.summary import summarize
-from data_collection.udacity_import import (
+from nsacdrive.data_collection.dataset import DatasetError, dataset_roots
+from nsacdrive.data_collection.episode import EpisodeFileError, load_episode_arrays, read_sidecar, write_episode
+from nsacdrive.data_collection.manifest import sidecar_paths
+from nsacdrive.data_collection.summary import summarize
+from nsacdrive.data_collection.udacity_import import (
     CACHE_NAME,
     ImportConfig,
     UdacityImportError,
@@ -27,6 +24,9 @@ from data_collection.udacity_import import (
     read_driving_log,
     udacity_dataset,
 )
+from typer.testing import CliRunner
+from udacity_fixtures import PATH_STYLES, write_recording
+
 from nsacdrive.cli import app
 
 
@@ -270,7 +270,7 @@ def test_side_cameras_can_stay_undecoded(tmp_path):
 
 
 def test_udacity_prefix_imports_once_into_a_cache_and_reimports_when_the_log_changes(tmp_path, monkeypatch):
-    import data_collection.udacity_import as module
+    import nsacdrive.data_collection.udacity_import as module
 
     rec = write_recording(tmp_path / "rec", rows=5)
     calls = []

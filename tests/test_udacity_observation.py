@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from controllers.udacity_augment import UdacityAugmentConfig, augment_sequence, scale_brightness, shadow, translate
-from envs.observation import preprocess_observation
-from envs.observation_kinds import OBSERVATION_KINDS, observation_kind, preprocess_for
-from envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
+from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence, scale_brightness, shadow, translate
+from nsacdrive.envs.observation import preprocess_observation
+from nsacdrive.envs.observation_kinds import OBSERVATION_KINDS, observation_kind, preprocess_for
+from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
 
 
 def textured(*batch: int, seed: int = 0) -> np.ndarray:

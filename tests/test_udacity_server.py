@@ -1,4 +1,4 @@
-"""The Udacity simulator server (eval/udacity_server.py, `nsacdrive udacity serve`).
+"""The Udacity simulator server (eval/serve/udacity_server.py, `nsacdrive udacity serve`).
 
 Unit tests drive :class:`TelemetryHandler` with a scripted controller; the end-to-end tests start
 the real command in a subprocess and talk to it with python-socketio 4.6.1's own client and with
@@ -14,20 +14,16 @@ import queue
 from pathlib import Path
 
 import cv2
+import nsacdrive.data_collection.udacity_import as udacity_import
 import numpy as np
 import pytest
 import torch
-from run_fixtures import tiny_run
-from udacity_fixtures import camera_image, write_recording
-
-import data_collection.udacity_import as udacity_import
-from bench.udacity_socket_transcript import free_port, road_picture, start_server
-from controllers.encoders import EncoderConfig
-from controllers.nsac import UncertainPrediction
-from controllers.registry import ModelConfig
-from controllers.training import TrainConfig, Trainer
-from envs.observation_kinds import observation_kind
-from eval.udacity_server import (
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.envs.observation_kinds import observation_kind
+from nsacdrive.eval.serve.udacity_server import (
     CAMERA_SHAPE,
     LOG_FIELDS,
     SAFE_REPLY,
@@ -39,7 +35,11 @@ from eval.udacity_server import (
     decode_camera_image,
     encode_camera_image,
 )
-from eval.udacity_sim_client import SimulatorClient
+from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient
+from run_fixtures import tiny_run
+from udacity_fixtures import camera_image, write_recording
+
+from bench.udacity_socket_transcript import free_port, road_picture, start_server
 
 
 class ScriptedAgent:

@@ -9,25 +9,25 @@ from pathlib import Path
 
 import cv2
 import gymnasium as gym
+import nsacdrive.envs as envs
 import numpy as np
 import pytest
 from data_fixtures import normalize
 from gymnasium.utils.env_checker import check_env
+from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.rollout import drive
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.udacity_import import read_driving_log
+from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_PER_UNIT_PER_SECOND
+from nsacdrive.envs.colours import DEFAULT_SCHEME, resolve_colour_scheme
+from nsacdrive.envs.front_camera import SKY_TOP, CameraConfig, FrontCameraPalette, _clip_near
+from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
+from nsacdrive.envs.state import privileged_state
+from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
+from nsacdrive.envs.udacity_style import ENV_ID, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from typer.testing import CliRunner
 
-import envs
-from agents.expert import PurePursuitExpert
-from agents.rollout import drive
-from data_collection.episode import load_episode_arrays
-from data_collection.recorder import collect
-from data_collection.udacity_import import read_driving_log
-from data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_PER_UNIT_PER_SECOND
-from envs.colours import DEFAULT_SCHEME, resolve_colour_scheme
-from envs.front_camera import SKY_TOP, CameraConfig, FrontCameraPalette, _clip_near
-from envs.geometry import TRACK_HALF_WIDTH
-from envs.state import privileged_state
-from envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
-from envs.udacity_style import ENV_ID, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from nsacdrive.cli import app
 
 SEED = 3

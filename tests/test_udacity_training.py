@@ -9,26 +9,26 @@ import functools
 import json
 from pathlib import Path
 
+import nsacdrive.data_collection.udacity_import as udacity_import
 import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize, write_synthetic
+from nsacdrive.controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
+from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
+from nsacdrive.controllers.training import TrainConfig, Trainer, load_run
+from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
+from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.manifest import sidecar_paths
+from nsacdrive.envs.udacity_observation import preprocess_udacity
+from nsacdrive.eval.driver import ControllerAgent
+from nsacdrive.eval.explain.saliency import GradCamUnavailable, gradcam_layer
+from nsacdrive.eval.offline import evaluate_run
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 from udacity_fixtures import write_recording
 
-import data_collection.udacity_import as udacity_import
-from controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
-from controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
-from controllers.training import TrainConfig, Trainer, load_run
-from controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
-from data_collection.dataset import DatasetError, SequenceDataset
-from data_collection.episode import load_episode_arrays
-from data_collection.manifest import sidecar_paths
-from envs.udacity_observation import preprocess_udacity
-from eval.driver import ControllerAgent
-from eval.offline import evaluate_run
-from eval.saliency import GradCamUnavailable, gradcam_layer
 from nsacdrive.cli import app
 
 ALL_MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from nsacdrive.workers import single_threaded_worker
+from nsacdrive.common.workers import single_threaded_worker
 
 BACKENDS = ("process", "ray")
 RAY_MISSING = "--backend ray needs the optional extra: pip install 'nsacdrive[ray]'"

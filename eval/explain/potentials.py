@@ -3,7 +3,7 @@
 The published "κ/φ/ψ potentials" were thirds of one neuron group of a surrogate recurrent pass,
 placed on the track by step fraction (driving.md §6.12, nsac.md §4). Here an
 :class:`InternalsRecorder` hooks the network of the closed-loop agent while an episode is
-re-driven (:func:`eval.video.redrive_episode`, which checks that the actions are the logged ones),
+re-driven (:func:`nsacdrive.eval.video.redrive_episode`, which checks that the actions are the logged ones),
 so every value comes from the very forward pass that chose the step's action, and is stored with
 the car's pose, track progress, executed steering and the curvature ahead.
 
@@ -38,16 +38,15 @@ import numpy as np
 import torch
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
+from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.controller import Controller
+from nsacdrive.controllers.heads import LevyHead
+from nsacdrive.controllers.nsac import NAC, NSAC, NSACInternals, scatter_to_positions
+from nsacdrive.envs.geometry import TrackGeometry
+from nsacdrive.eval.plots import TrackMap, new_figure, path_panel, spearman
+from nsacdrive.eval.results import EvaluationError
 from torch import nn
-
-from controllers.actions import ACTION_NAMES
-from controllers.controller import Controller
-from controllers.heads import LevyHead
-from controllers.nsac import NAC, NSAC, NSACInternals, scatter_to_positions
-from envs.geometry import TrackGeometry
-from eval.plots import TrackMap, new_figure, path_panel, spearman
-from eval.results import EvaluationError
-from nsacdrive.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
 
 BANDS = ("left", "straight", "right")
 
@@ -65,13 +64,13 @@ class PotentialConfig:
 
 
 class InternalsRecorder:
-    """Hooks a :class:`eval.driver.ControllerAgent`'s network; one summary row per prediction.
+    """Hooks a :class:`nsacdrive.eval.driver.ControllerAgent`'s network; one summary row per prediction.
 
     Pass :meth:`attach` as ``on_agent`` to the re-drive. ``kind`` says what was found: ``nsac``,
     ``nac``, ``levy`` or ``none`` (then ``reason`` says why nothing is recorded). In a lockstep
     group only this episode's ``row`` of the batch is recorded: batched heads see every row in
     one call (the row is sliced out); heads that predict row by row (``episode_row`` set by
-    :meth:`controllers.heads.UncertaintyHead.predict_episodes`) are recorded on this row's call.
+    :meth:`nsacdrive.controllers.heads.UncertaintyHead.predict_episodes`) are recorded on this row's call.
     """
 
     def __init__(self) -> None:

@@ -5,7 +5,7 @@ The simulator (its SocketIOComponent.cs) opens a raw websocket to
 namespace CONNECT packet "40", sends Engine.IO pings ("2") itself and expects pongs ("3"),
 answers server pings, and writes events as ``42["telemetry",{...}]`` text frames. A modern
 Socket.IO client behaves differently, which is exactly why testing a server only with one proves
-nothing about the simulator (see :mod:`eval.udacity_server`).
+nothing about the simulator (see :mod:`nsacdrive.eval.serve.udacity_server`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ with ``throttle="law"`` (default), the classic drive.py law 1 − steer² − (s
 throttle brakes in the simulator). Both are clipped to [−1, 1].
 
 Frames: a Udacity-kind run (``ModelConfig.observation == "udacity"``) gets the RGB camera image
-as it is, (160, 320, 3), and preprocesses it as in training (:mod:`envs.observation_kinds`). A
+as it is, (160, 320, 3), and preprocesses it as in training (:mod:`nsacdrive.envs.observation_kinds`). A
 CarRacing-kind run (the default, also for runs saved before the ``observation`` field existed)
 gets the whole camera image resized with ``cv2.INTER_AREA`` to its raw 96×96 frame (aspect 2:1 squashed to 1:1; its preprocessing then crops the bottom 12 rows as it
 does the HUD). That lets any run be plugged in, but a CarRacing controller has never seen such
@@ -49,12 +49,11 @@ from typing import Any, Protocol
 
 import cv2
 import numpy as np
-
-from controllers.actions import ACTION_NAMES
-from controllers.nsac import UncertainPrediction
-from envs.observation import RAW_FRAME_SHAPE
-from envs.observation_kinds import observation_kind
-from envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
+from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.envs.observation import RAW_FRAME_SHAPE
+from nsacdrive.envs.observation_kinds import observation_kind
+from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class TelemetryError(ValueError):
 
 
 class Predictor(Protocol):
-    """What the handler needs of a controller (:class:`eval.driver.ControllerAgent` is one)."""
+    """What the handler needs of a controller (:class:`nsacdrive.eval.driver.ControllerAgent` is one)."""
 
     def reset(self) -> None: ...
 
@@ -192,12 +191,12 @@ class TelemetryHandler:
 
     @classmethod
     def from_run(cls, run_dir: str | Path, config: ServeConfig | None = None, samples: int | None = None) -> TelemetryHandler:
-        """A handler driving with a trained run folder (loaded by :class:`eval.driver.ControllerAgent`).
+        """A handler driving with a trained run folder (loaded by :class:`nsacdrive.eval.driver.ControllerAgent`).
 
         Inference runs on one thread: a batch-1 prediction gains nothing from more, and spinning
         OpenMP threads on a busy machine turn milliseconds into a second per frame."""
-        from eval.driver import ControllerAgent
-        from nsacdrive.workers import single_threaded_worker
+        from nsacdrive.common.workers import single_threaded_worker
+        from nsacdrive.eval.driver import ControllerAgent
 
         single_threaded_worker()
 

@@ -4,14 +4,14 @@
 ``OUT/figures/`` and every number behind a figure in ``OUT/data/`` (CSV / JSON / NPZ), all referenced
 by relative paths, so the folder opens offline and can be copied anywhere. Sections:
 
-1. Closed loop: the aggregates table of ``aggregates.json`` and the :mod:`eval.plots` figures of
+1. Closed loop: the aggregates table of ``aggregates.json`` and the :mod:`nsacdrive.eval.plots` figures of
    the evaluation and of the chosen episodes.
 2. Offline (with ``offline``: an ``nsacdrive evaluate-offline`` folder): its table and a bar figure.
-3. Grad-CAM (:mod:`eval.saliency`) on frames sampled along the first chosen episode's lap, clean
+3. Grad-CAM (:mod:`nsacdrive.eval.explain.saliency`) on frames sampled along the first chosen episode's lap, clean
    and under a perturbation — the evaluation's own perturbed episode of the same track when
    there is one, else the same track driven now under the perturbation preset — and the
    randomisation sanity check.
-4. Neuron-level potentials (:mod:`eval.potentials`) of every chosen episode, recorded while it is
+4. Neuron-level potentials (:mod:`nsacdrive.eval.explain.potentials`) of every chosen episode, recorded while it is
    re-driven (the re-drive is checked against the logged actions).
 
 By default the chosen episodes are the run's best-scoring track, clean and under the
@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from controllers.training import load_run
-from data_collection.dataset import INTRO_STEPS, sequence_offsets, sequence_timestamps
-from eval.closed_loop import EpisodeKey, run_episode
-from eval.driver import history_indices
-from eval.offline import METRICS, table_rows
-from eval.plots import env_track, offline_figure, save_figure, write_episode_figures, write_evaluation_figures
-from eval.potentials import (
+from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
+from nsacdrive.common.workers import torch_threads
+from nsacdrive.controllers.training import load_run
+from nsacdrive.data_collection.dataset import INTRO_STEPS, sequence_offsets, sequence_timestamps
+from nsacdrive.eval.closed_loop import EpisodeKey, run_episode
+from nsacdrive.eval.driver import history_indices
+from nsacdrive.eval.explain.potentials import (
     BANDS,
     EpisodePotentials,
     InternalsRecorder,
@@ -50,8 +49,7 @@ from eval.potentials import (
     steering_figure,
     write_potential_data,
 )
-from eval.results import EvaluationError, choose_episodes, group_label, load_aggregates, load_records
-from eval.saliency import (
+from nsacdrive.eval.explain.saliency import (
     TARGET_MEANINGS,
     TARGETS,
     GradCamMaps,
@@ -64,9 +62,10 @@ from eval.saliency import (
     sanity_check,
     sanity_figure,
 )
-from eval.video import redrive_episode
-from nsacdrive.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
-from nsacdrive.workers import torch_threads
+from nsacdrive.eval.offline import METRICS, table_rows
+from nsacdrive.eval.plots import env_track, offline_figure, save_figure, write_episode_figures, write_evaluation_figures
+from nsacdrive.eval.results import EvaluationError, choose_episodes, group_label, load_aggregates, load_records
+from nsacdrive.eval.video import redrive_episode
 
 DEFAULT_PERTURBATION = "shift-3"
 AGGREGATE_COLUMNS = ("model", "run", "colour_preset", "episodes", "failed", "success_mean", "success_std", "score_ge_900",
