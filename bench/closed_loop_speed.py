@@ -41,7 +41,7 @@ from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
 from nsacdrive.controllers.actions import clip_to_box  # noqa: E402
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config  # noqa: E402
 from nsacdrive.controllers.registry import build_controller  # noqa: E402
-from nsacdrive.controllers.training import TrainConfig  # noqa: E402
+from nsacdrive.controllers.train_config import TrainConfig  # noqa: E402
 from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
 from nsacdrive.envs.state import forward_speed  # noqa: E402

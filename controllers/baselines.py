@@ -35,8 +35,9 @@ from nsacdrive.controllers.circuit_attention import validate_inputs
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
-from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig, UncertainPrediction, decompose
+from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig
 from nsacdrive.controllers.objectives import check_targets, gaussian_nll
+from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 from torch import nn
 from torch.nn import functional as F
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 from nsacdrive.controllers.heads import UncertaintyHead
-from nsacdrive.controllers.nsac import UncertainPrediction
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
+from nsacdrive.controllers.prediction import UncertainPrediction
 from torch import nn
 
 

@@ -30,11 +30,10 @@ from nsacdrive.controllers.nsac import (
     NACConfig,
     NSACConfig,
     NSACOutput,
-    UncertainPrediction,
     attention_per_position,
-    decompose,
 )
 from nsacdrive.controllers.objectives import NSACObjective, check_targets, gaussian_nll
+from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 from torch import nn
 
 N_ACTIONS = len(ACTION_NAMES)

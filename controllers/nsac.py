@@ -38,6 +38,7 @@ from nsacdrive.controllers.circuit_attention import (
     validate_inputs,
 )
 from nsacdrive.controllers.ncp import CircuitActivations, NCPCircuit, NCPWiring
+from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 from torch import nn
 from torch.nn import functional as F
 
@@ -153,29 +154,6 @@ class NSACOutput:
     internals: NSACInternals | None = None
 
 
-@dataclass
-class UncertainPrediction:
-    """Predictive moments per output: mean, aleatoric and epistemic variance (total = sum)."""
-
-    mean: torch.Tensor
-    aleatoric: torch.Tensor
-    epistemic: torch.Tensor
-    #: [B, T] attention of the newest query on each input position (mean over draws and heads;
-    #: a summary for closed-loop logs), from heads that attend over the sequence; else None
-    attention: torch.Tensor | None = None
-
-    @property
-    def total(self) -> torch.Tensor:
-        return self.aleatoric + self.epistemic
-
-    @classmethod
-    def cat(cls, parts: Sequence["UncertainPrediction"]) -> "UncertainPrediction":
-        """Predictions of consecutive batch rows → one prediction (rows in order)."""
-        attention = None if parts[0].attention is None else torch.cat([p.attention for p in parts])
-        return cls(torch.cat([p.mean for p in parts]), torch.cat([p.aleatoric for p in parts]),
-                   torch.cat([p.epistemic for p in parts]), attention)
-
-
 #: One generator for the whole batch, one per batch row (independent episodes), or None (global RNG).
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
 
@@ -202,13 +180,6 @@ def attention_per_position(internals: NSACInternals, length: int) -> torch.Tenso
     heads (top-K selects different keys per head, so weights are scattered back to positions)."""
     weights = internals.attention[:, :, :, -1].mean(0)  # [B, H, K]
     return scatter_to_positions(weights, internals.key_index[:, :, -1], length).mean(1)
-
-
-def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor) -> UncertainPrediction:
-    """Moments over the draw axis 0 (nsac.md §3.5): epistemic = Var(μ_s), aleatoric = E[e^{2ℓ_s}]."""
-    mean = mean_draws.mean(0)
-    epistemic = mean_draws.var(0, unbiased=False) if mean_draws.shape[0] > 1 else torch.zeros_like(mean)
-    return UncertainPrediction(mean, torch.exp(2 * log_sigma_draws).mean(0), epistemic)
 
 
 class NSAC(nn.Module):
@@ -351,5 +322,5 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["NSAC", "NSACConfig", "NSACOutput", "NSACInternals", "UncertainPrediction", "decompose", "NAC",
+__all__ = ["NSAC", "NSACConfig", "NSACOutput", "NSACInternals", "NAC",
            "NACConfig", "ou_moments", "count_parameters"]

@@ -29,89 +29,25 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from nsacdrive.common.atomic import atomic_path, atomic_write_json
 from nsacdrive.common.seeds import format_seeds, parse_seeds
-from nsacdrive.controllers.augment import AugmentConfig, colour_augment
+from nsacdrive.controllers.augment import colour_augment
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
 from nsacdrive.controllers.registry import ModelConfig, build_controller
-from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
+from nsacdrive.controllers.run import pick_device
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.udacity_augment import augment_sequence
 from nsacdrive.data_collection.dataset import (
     EpisodeGroupedSampler,
     SequenceAugment,
     SequenceDataset,
-    is_udacity_data,
     load_episode_records,
 )
 from torch.utils.data import DataLoader
 from tqdm import tqdm
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything a training run depends on (saved as ``config.json`` in the run folder)."""
-
-    data: str
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train_seeds: str = "auto"  # "auto": 80/10/10 % of the dataset's track seeds, in order
-    val_seeds: str = "auto"
-    test_seeds: str = "auto"
-    train_presets: tuple[str, ...] = ("default",)  # colour presets trained on; others stay out of distribution
-    sequence_length: int = 4
-    frame_stride: int = 2
-    batch_size: int = 64
-    epochs: int = 20
-    max_batches_per_epoch: int | None = None
-    max_val_batches: int | None = None
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    plateau_factor: float = 0.5
-    plateau_patience: int = 2
-    early_stopping_patience: int = 5
-    grad_clip: float = 10.0
-    augment: AugmentConfig = field(default_factory=AugmentConfig)  # CarRacing observations
-    udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
-    perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
-    perturb_std: float = 0.2  # σ_pert, preprocessed-image units
-    cache_episodes: int = 8
-    seed: int = 0
-    device: str = "auto"
-    init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
-
-    def __post_init__(self) -> None:
-        udacity_data = is_udacity_data(self.data)
-        if isinstance(self.model, dict):
-            model = {"observation": "udacity", **self.model} if udacity_data else self.model
-            object.__setattr__(self, "model", ModelConfig.from_dict(model))
-        if udacity_data and self.model.observation != "udacity":
-            raise ValueError(f"data {self.data!r} is Udacity data, but model.observation is {self.model.observation!r}; "
-                             "set it to 'udacity' (or leave it out)")
-        object.__setattr__(self, "train_presets", tuple(self.train_presets))
-        if isinstance(self.augment, dict):
-            object.__setattr__(self, "augment", AugmentConfig(**self.augment))
-        if isinstance(self.udacity_augment, dict):
-            object.__setattr__(self, "udacity_augment", UdacityAugmentConfig(**self.udacity_augment))
-        for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.model.model == "levy" and self.model.levy_frames != self.sequence_length:
-            raise ValueError(f"levy_frames ({self.model.levy_frames}) must equal sequence_length ({self.sequence_length})")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"training config: unknown fields {unknown}; known fields are {sorted(known)}")
-        return cls(**data)
 
 
 def resolve_split(config: TrainConfig) -> TrainConfig:
@@ -127,12 +63,6 @@ def resolve_split(config: TrainConfig) -> TrainConfig:
     n_held = max(1, round(0.1 * len(seeds)))
     test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
     return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -326,16 +256,3 @@ class Trainer:
         finally:
             writer.close()
         return self.state
-
-
-def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
-    """The best-validation controller of a run folder, in eval mode, and its training config."""
-    run_dir = Path(run_dir)
-    raw = read_config(run_dir)
-    try:
-        config = TrainConfig.from_dict(raw)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{run_dir / 'config.json'}: not a valid training config ({exc})") from None
-    model = build_controller(config.model)
-    load_weights(model, run_dir / WEIGHTS_FILE)
-    return model.to(pick_device(device)).eval(), config

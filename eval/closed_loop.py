@@ -44,7 +44,7 @@ from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from nsacdrive.common.backends import run_tasks
 from nsacdrive.controllers.actions import clip_to_box
-from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state

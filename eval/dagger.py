@@ -25,7 +25,8 @@ import numpy as np
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.controllers.checkpoint import read_config
-from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import MixingConfig, collect
 from nsacdrive.eval.closed_loop import evaluate_closed_loop
 from tqdm import tqdm

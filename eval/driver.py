@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 from nsacdrive.controllers.actions import clip_to_box
-from nsacdrive.controllers.nsac import UncertainPrediction
-from nsacdrive.controllers.training import load_run
+from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import sequence_offsets, sequence_timestamps
 from nsacdrive.envs.observation_kinds import preprocess_for
 from nsacdrive.envs.state import PrivilegedState

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
 _PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention")

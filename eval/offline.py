@@ -23,7 +23,7 @@ from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.metrics import ood_auroc, regression_report
-from nsacdrive.controllers.training import load_run
+from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import SequenceDataset
 from torch.utils.data import DataLoader
 

@@ -205,7 +205,8 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
 ) -> None:
     """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
-    from nsacdrive.controllers.training import TrainConfig, Trainer
+    from nsacdrive.controllers.train_config import TrainConfig
+    from nsacdrive.controllers.training import Trainer
 
     try:
         settings = json.loads(config.read_text()) if config is not None else {}

@@ -12,7 +12,8 @@ from typing import Any
 
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.registry import ModelConfig
-from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import collect
 
 TINY_MODEL: dict[str, Any] = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)

@@ -10,7 +10,8 @@ from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.controllers.checkpoint import CheckpointError, load_weights
 from nsacdrive.controllers.registry import ModelConfig, build_controller
-from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset, load_episode_records
 from nsacdrive.data_collection.recorder import MixingConfig, collect
 from nsacdrive.envs.car_racing import make_car_racing

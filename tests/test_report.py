@@ -11,7 +11,9 @@ import pytest
 from browser import find_chromium, load_page, page_url
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.registry import ModelConfig
-from nsacdrive.controllers.training import TrainConfig, Trainer, load_run
+from nsacdrive.controllers.run import load_run
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import sequence_offsets, sequence_timestamps
 from nsacdrive.data_collection.recorder import collect
 from nsacdrive.eval.closed_loop import evaluate_closed_loop

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 from nsacdrive.controllers.encoders import EncoderConfig
-from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.controllers.registry import ModelConfig
-from nsacdrive.controllers.training import TrainConfig, Trainer
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.eval.serve.udacity_server import (
     CAMERA_SHAPE,

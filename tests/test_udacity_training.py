@@ -16,7 +16,9 @@ import torch
 from data_fixtures import normalize, write_synthetic
 from nsacdrive.controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
 from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
-from nsacdrive.controllers.training import TrainConfig, Trainer, load_run
+from nsacdrive.controllers.run import load_run
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import Trainer
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
 from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset
 from nsacdrive.data_collection.episode import load_episode_arrays

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
 from nsacdrive.common.workers import torch_threads
-from nsacdrive.controllers.training import load_run
+from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import INTRO_STEPS, sequence_offsets, sequence_timestamps
 from nsacdrive.eval.closed_loop import EpisodeKey, run_episode
 from nsacdrive.eval.driver import history_indices

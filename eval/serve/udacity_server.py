@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 from nsacdrive.controllers.actions import ACTION_NAMES
-from nsacdrive.controllers.nsac import UncertainPrediction
+from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg

@@ -1,0 +1,38 @@
+"""What every controller head predicts: per-output mean with aleatoric and epistemic variance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class UncertainPrediction:
+    """Predictive moments per output: mean, aleatoric and epistemic variance (total = sum)."""
+
+    mean: torch.Tensor
+    aleatoric: torch.Tensor
+    epistemic: torch.Tensor
+    #: [B, T] attention of the newest query on each input position (mean over draws and heads;
+    #: a summary for closed-loop logs), from heads that attend over the sequence; else None
+    attention: torch.Tensor | None = None
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.aleatoric + self.epistemic
+
+    @classmethod
+    def cat(cls, parts: Sequence[UncertainPrediction]) -> UncertainPrediction:
+        """Predictions of consecutive batch rows → one prediction (rows in order)."""
+        attention = None if parts[0].attention is None else torch.cat([p.attention for p in parts])
+        return cls(torch.cat([p.mean for p in parts]), torch.cat([p.aleatoric for p in parts]),
+                   torch.cat([p.epistemic for p in parts]), attention)
+
+
+def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor) -> UncertainPrediction:
+    """Moments over the draw axis 0 (law of total variance): epistemic = Var(μ_s), aleatoric = E[e^{2ℓ_s}]."""
+    mean = mean_draws.mean(0)
+    epistemic = mean_draws.var(0, unbiased=False) if mean_draws.shape[0] > 1 else torch.zeros_like(mean)
+    return UncertainPrediction(mean, torch.exp(2 * log_sigma_draws).mean(0), epistemic)

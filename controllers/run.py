@@ -1,0 +1,30 @@
+"""Load a trained run folder for driving or evaluation, without the trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
+from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.train_config import TrainConfig
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: CUDA when available, else CPU; any other name is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
+    """The best-validation controller of a run folder, in eval mode, and its training config."""
+    run_dir = Path(run_dir)
+    raw = read_config(run_dir)
+    try:
+        config = TrainConfig.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{run_dir / CONFIG_FILE}: not a valid training config ({exc})") from None
+    model = build_controller(config.model)
+    load_weights(model, run_dir / WEIGHTS_FILE)
+    return model.to(pick_device(device)).eval(), config
