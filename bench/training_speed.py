@@ -27,7 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
-from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller  # noqa: E402
+from nsacdrive.controllers.model_config import ModelConfig  # noqa: E402
+from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller  # noqa: E402
 from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
 
 from bench.common import PeakRss, median_time  # noqa: E402

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 from nsacdrive.controllers.actions import squash
@@ -35,14 +34,12 @@ from nsacdrive.controllers.circuit_attention import validate_inputs
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig
 from nsacdrive.controllers.objectives import check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 from torch import nn
 from torch.nn import functional as F
-
-if TYPE_CHECKING:  # registry imports this module; import its config for annotations only
-    from nsacdrive.controllers.registry import ModelConfig
 
 
 def _check_samples(samples: int) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsacdrive.controllers.augment import AugmentConfig
-from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
 from nsacdrive.data_collection.dataset import is_udacity_data
 

@@ -36,7 +36,8 @@ from nsacdrive.common.atomic import atomic_path, atomic_write_json
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.augment import colour_augment
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
-from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import pick_device
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import augment_sequence

@@ -32,7 +32,9 @@ import numpy as np
 import torch
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
+from nsacdrive.data_collection.udacity_import import udacity_dataset
 from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for nsacdrive.eval.explain.report)
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 from torch.utils.data import Dataset, Sampler
@@ -40,10 +42,6 @@ from torch.utils.data import Dataset, Sampler
 UDACITY_PREFIX = "udacity:"
 #: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
 SequenceAugment = Callable[[dict[str, np.ndarray], np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
-
-
-class DatasetError(ValueError):
-    """A dataset-level problem (bad folder, split or configuration)."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +112,6 @@ def _dataset_folder(part: str) -> Path:
     """A folder named in a data path; ``udacity:DIR`` resolves to DIR's imported dataset."""
     if not part.startswith(UDACITY_PREFIX):
         return Path(part)
-    from nsacdrive.data_collection.udacity_import import udacity_dataset
-
     return udacity_dataset(part[len(UDACITY_PREFIX):])
 
 

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 from nsacdrive.common.atomic import json_safe
 from nsacdrive.common.seeds import format_seeds
-from nsacdrive.data_collection.dataset import DatasetError, load_episode_records
+from nsacdrive.data_collection.dataset import load_episode_records
 from nsacdrive.data_collection.episode import frame_kind_of
+from nsacdrive.data_collection.errors import DatasetError
 
 ACTION_NAMES = ("steer", "gas", "brake")
 

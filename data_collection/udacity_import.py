@@ -49,8 +49,8 @@ from typing import Any
 import cv2
 import numpy as np
 from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json
-from nsacdrive.data_collection.dataset import DatasetError
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
 from nsacdrive.data_collection.udacity_layout import LOG_NAME
 from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACITY_RAW_FRAME_SHAPE

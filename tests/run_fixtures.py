@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nsacdrive.controllers.encoders import EncoderConfig
-from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import collect

@@ -19,8 +19,9 @@ from nsacdrive.controllers.baselines import (
 from nsacdrive.controllers.controller import Controller, head_times
 from nsacdrive.controllers.encoders import EncoderConfig, make_encoder
 from nsacdrive.controllers.heads import GMLEHead
+from nsacdrive.controllers.model_config import MODEL_NAMES, ModelConfig
 from nsacdrive.controllers.objectives import gaussian_nll
-from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
+from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from scipy import stats
 
 HEADS = ["mcdropout", "evidential", "sdenet"]
@@ -149,6 +150,12 @@ def test_registry_builds_a_controller_that_trains_and_predicts(name):
     terms["total"].backward()
     controller.eval()
     assert_valid_prediction(controller.predict(frames, timestamps, samples=4), batch=2)
+
+
+def test_every_model_name_the_config_accepts_has_a_builder():
+    assert sorted(MODEL_BUILDERS) == sorted(MODEL_NAMES)
+    with pytest.raises(ValueError, match="unknown model 'transformer'"):
+        ModelConfig(model="transformer")
 
 
 # ------------------------------------------------------------------------------ MC-Dropout

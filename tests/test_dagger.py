@@ -9,10 +9,12 @@ import pytest
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.controllers.checkpoint import CheckpointError, load_weights
-from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
-from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset, load_episode_records
+from nsacdrive.data_collection.dataset import SequenceDataset, load_episode_records
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.recorder import MixingConfig, collect
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.eval.dagger import Dagger, DaggerConfig, round_seeds

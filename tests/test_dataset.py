@@ -14,8 +14,9 @@ import psutil
 import pytest
 import torch
 from data_fixtures import preprocessed_marker, synthetic_arrays, synthetic_metadata, write_synthetic
-from nsacdrive.data_collection.dataset import INTRO_STEPS, DatasetError, EpisodeGroupedSampler, SeedSplit, SequenceDataset
+from nsacdrive.data_collection.dataset import INTRO_STEPS, EpisodeGroupedSampler, SeedSplit, SequenceDataset
 from nsacdrive.data_collection.episode import EpisodeFileError, write_episode
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.summary import ACTION_NAMES, summarize
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.observation import preprocess_observation

@@ -9,7 +9,8 @@ import pytest
 import torch
 from float_paths import assert_predictions_agree, path_rtol, prediction_row
 from nsacdrive.controllers.heads import global_rng_from
-from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.eval.closed_loop import EpisodeKey, batch_groups, evaluate_closed_loop, run_episode, run_episodes
 from run_fixtures import TINY_MODEL
 

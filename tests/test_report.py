@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from browser import find_chromium, load_page, page_url
 from nsacdrive.controllers.encoders import EncoderConfig
-from nsacdrive.controllers.registry import ModelConfig
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer

@@ -7,7 +7,8 @@ import pytest
 import torch
 from float_paths import assert_paths_agree, path_rtol
 from nsacdrive.controllers.encoders import EncoderConfig
-from nsacdrive.controllers.registry import ModelConfig, build_controller
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import SequenceDataset, load_episode_records

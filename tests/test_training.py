@@ -12,7 +12,8 @@ import torch
 from float_paths import assert_predictions_agree, path_rtol
 from nsacdrive.controllers.checkpoint import CheckpointError
 from nsacdrive.controllers.encoders import EncoderConfig
-from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import MODEL_BUILDERS
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_fixtures import encode_raw, normalize, synthetic_arrays, write_raw_episode, write_synthetic
-from nsacdrive.data_collection.dataset import DatasetError, dataset_roots
+from nsacdrive.data_collection.dataset import dataset_roots
 from nsacdrive.data_collection.episode import EpisodeFileError, load_episode_arrays, read_sidecar, write_episode
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.summary import summarize
 from nsacdrive.data_collection.udacity_import import (

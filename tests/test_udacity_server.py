@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.controllers.registry import ModelConfig
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.envs.observation_kinds import observation_kind
@@ -211,7 +211,7 @@ def test_frame_log_is_flushed_per_row(tmp_path, suffix):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--throttle", "pid"], "--throttle: expected one of law, model"),
+    (["--throttle", "pid"], "'pid' is not one of 'law', 'model'"),
     (["--speed-limit", "5"], "slow limit (10.0) <= speed limit (5.0)"),
     ([], "run folder does not exist"),
 ])

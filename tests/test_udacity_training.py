@@ -15,13 +15,15 @@ import pytest
 import torch
 from data_fixtures import normalize, write_synthetic
 from nsacdrive.controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
-from nsacdrive.controllers.registry import MODEL_BUILDERS, ModelConfig, build_controller
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
-from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.envs.udacity_observation import preprocess_udacity
 from nsacdrive.eval.driver import ControllerAgent
