@@ -92,8 +92,8 @@ def data_info(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Warn about and skip corrupt episodes instead of failing."),
 ) -> None:
     """Summarise a dataset: episodes, frames, seeds, sources, colour schemes, action statistics."""
-    from nsacdrive.data_collection.errors import DatasetError
     from nsacdrive.data_collection.episode import EpisodeFileError
+    from nsacdrive.data_collection.errors import DatasetError
     from nsacdrive.data_collection.summary import summarize
 
     try:
