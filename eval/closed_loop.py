@@ -49,9 +49,9 @@ from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
+from nsacdrive.eval.modes import INFERENCE_MODES
 from tqdm import tqdm
 
-INFERENCE_MODES = ("auto", "inline", "process")
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
 

@@ -25,6 +25,7 @@ from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.metrics import ood_auroc, regression_report
 from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.eval.modes import OFFLINE_SPLITS
 from torch.utils.data import DataLoader
 
 METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
@@ -58,6 +59,8 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
                  max_samples: int | None = None) -> dict[str, Any]:
     """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed."""
+    if split not in OFFLINE_SPLITS:
+        raise ValueError(f"split: expected one of {', '.join(OFFLINE_SPLITS)}, got {split!r}")
     model, config = load_run(run_dir)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
     kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)

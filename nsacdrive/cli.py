@@ -13,10 +13,28 @@ from typing import Optional
 
 import typer
 
+from nsacdrive.agents.ppo import OBS_KINDS
+from nsacdrive.common.backends import BACKENDS
+from nsacdrive.controllers.model_names import MODEL_NAMES
+from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
+from nsacdrive.envs.car_racing import RENDERERS
+from nsacdrive.envs.colours import list_presets
+from nsacdrive.eval.modes import INFERENCE_MODES, OFFLINE_SPLITS
+from nsacdrive.options import choice, split_names
 from nsacdrive.udacity_cli import udacity_app
 
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+Model = choice("Model", MODEL_NAMES)
+Renderer = choice("Renderer", RENDERERS)
+EnvName = choice("EnvName", ENVS)
+Layout = choice("Layout", LAYOUTS)
+ObsKind = choice("ObsKind", OBS_KINDS)
+Backend = choice("Backend", BACKENDS)
+Inference = choice("Inference", INFERENCE_MODES)
+Split = choice("Split", OFFLINE_SPLITS)
+PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 app = typer.Typer(
     help="nsacdrive: uncertainty-aware, interpretable driving control judged in closed loop.",
@@ -44,7 +62,7 @@ def _seeds(text: str, argument: str = "--seeds") -> list[int]:
 def _presets(text: str) -> list[str]:
     from nsacdrive.envs.colours import validate_preset
 
-    presets = [p.strip() for p in text.split(",") if p.strip()]
+    presets = split_names(text)
     if not presets:
         raise typer.BadParameter(f"--colour-preset: no preset named in {text!r}")
     try:
@@ -58,15 +76,15 @@ def collect(
     out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
     agent: str = typer.Option("expert", "--agent", help="Agent spec: expert, controller:RUN or ppo:DIR."),
     seeds: str = typer.Option("0-49", "--seeds", help="Track seeds, e.g. '0-49' or '42,1000-1009'."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated presets: default, shift-1..5, random, random-N, color-v0."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated presets: {PRESETS}."),
     noise: float = typer.Option(0.0, "--noise", help="Std of Gaussian noise on the EXECUTED steer and pedal (labels stay clean)."),
     noise_seed: int = typer.Option(0, "--noise-seed", help="Salt of the noise stream (with the track seed)."),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already complete in --out."),
-    renderer: Optional[str] = typer.Option(None, "--renderer", help="CarRacing frame renderer: fast (default) or stock (gymnasium's)."),
-    env: str = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
-    layout: str = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
+    renderer: Optional[Renderer] = typer.Option(None, "--renderer", help="CarRacing frame renderer: fast (default) or stock (gymnasium's)."),
+    env: EnvName = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
+    layout: Layout = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     from nsacdrive.data_collection.recorder import NoiseConfig
@@ -74,8 +92,8 @@ def collect(
 
     try:
         summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
-                              workers=workers, resume=resume, max_steps=max_steps, renderer=renderer, env=env,
-                              layout=layout)
+                              workers=workers, resume=resume, max_steps=max_steps,
+                              renderer=renderer.value if renderer else None, env=env.value, layout=layout.value)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -108,7 +126,7 @@ def data_info(
 def expert_evaluate(
     seeds: str = typer.Option("1000-1099", "--seeds", help="Held-out track seeds."),
     agent: str = typer.Option("expert", "--agent", help="Agent spec."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help="One colour preset."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help=f"One colour preset: {PRESETS}."),
     workers: int = typer.Option(2, "--workers", min=1),
     out: Optional[Path] = typer.Option(None, "--out", help="Write per-episode results as JSON here."),
 ) -> None:
@@ -138,7 +156,7 @@ def expert_evaluate(
 @expert_app.command("train")
 def expert_train(
     out: Path = typer.Option(..., "--out", help="Model folder: model.zip, vecnormalize.pkl, config.json, tensorboard/, best/."),
-    obs: str = typer.Option("state", "--obs", help="state (privileged vector, render-free physics) or pixels (rl-zoo recipe; hours of CPU)."),
+    obs: ObsKind = typer.Option("state", "--obs", help="state (privileged vector, render-free physics) or pixels (rl-zoo recipe; hours of CPU)."),
     timesteps: Optional[int] = typer.Option(None, "--timesteps", min=1, help="Env steps to train (with --resume: steps to add). Default 1M (state) / 4M (pixels)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --out/model.zip and its VecNormalize statistics."),
     seed: int = typer.Option(0, "--seed", help="Seed of the policy and of the training track stream."),
@@ -148,17 +166,15 @@ def expert_train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:
     """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
-    from nsacdrive.agents.ppo import OBS_KINDS, PPOConfig, train_ppo
+    from nsacdrive.agents.ppo import PPOConfig, train_ppo
 
-    if obs not in OBS_KINDS:
-        raise typer.BadParameter(f"--obs: expected one of {', '.join(OBS_KINDS)}, got {obs!r}")
     overrides: dict = {"seed": seed, "eval_freq": eval_freq, "eval_episodes": eval_episodes, "progress_bar": progress}
     if timesteps is not None:
         overrides["timesteps"] = timesteps
     if n_envs is not None:
         overrides["n_envs"] = n_envs
     try:
-        config = PPOConfig.pixels_recipe(**overrides) if obs == "pixels" else PPOConfig.state_recipe(**overrides)
+        config = PPOConfig.pixels_recipe(**overrides) if obs.value == "pixels" else PPOConfig.state_recipe(**overrides)
         model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
@@ -171,7 +187,7 @@ def expert_train(
 def human_drive(
     record: Optional[Path] = typer.Option(None, "--record", help="Dataset folder for the finished episodes (source 'human'); omit to just play."),
     seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (then seed+1, ...)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help="Colour preset: default, shift-1..5, random, random-N, color-v0."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Colour preset: {PRESETS}."),
     slow_motion: float = typer.Option(1.0, "--slow-motion", help="Run the game F times slower (F >= 1; 2 = half speed)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
 ) -> None:
@@ -195,7 +211,7 @@ def human_drive(
 def train(
     out: Path = typer.Option(..., "--out", help="Run folder (config.json, model.safetensors, history, TensorBoard logs)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder from `nsacdrive collect` (overrides the config file)."),
-    model: Optional[str] = typer.Option(None, "--model", help="nsac | gmle | mcdropout | ensemble | evidential | sdenet | levy (overrides the config file)."),
+    model: Optional[Model] = typer.Option(None, "--model", help="Controller (overrides the config file)."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file with TrainConfig fields (see README); flags override it."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
@@ -218,7 +234,7 @@ def train(
                  "max_batches_per_epoch": max_batches_per_epoch, "seed": seed, "device": device}
     settings.update({k: v for k, v in overrides.items() if v is not None})
     if model is not None:
-        settings["model"] = {**settings.get("model", {}), "model": model}
+        settings["model"] = {**settings.get("model", {}), "model": model.value}
     if "data" not in settings:
         raise typer.BadParameter("--data: give the dataset folder (or 'data' in --config)")
     try:
@@ -235,8 +251,8 @@ def train(
 def evaluate_offline(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
     data: Path = typer.Option(..., "--data", help="Dataset folder holding the runs' held-out track seeds."),
-    split: str = typer.Option("test", "--split", help="test | val (each run's own seed ranges)."),
-    colour_preset: Optional[str] = typer.Option(None, "--colour-preset", help="Also evaluate on these seeds recorded under this preset (e.g. shift-3) and report OOD AUROC."),
+    split: Split = typer.Option("test", "--split", help="Each run's own held-out seed range."),
+    colour_preset: Optional[str] = typer.Option(None, "--colour-preset", help=f"Also evaluate on these seeds recorded under this preset (one of {PRESETS}) and report OOD AUROC."),
     out: Path = typer.Option(Path("runs/offline"), "--out", help="Folder for offline.md / offline.csv / offline.json."),
     train_seeds: int = typer.Option(1, "--train-seeds", min=1, help="Retrain each run with N seeds (seed, seed+1, …) and report mean ± std."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
@@ -245,15 +261,13 @@ def evaluate_offline(
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
 
-    if split not in ("test", "val"):
-        raise typer.BadParameter(f"--split: expected test or val, got {split!r}")
     if colour_preset is not None:
         _presets(colour_preset)
     try:
         results = []
         for run in runs:
             for repeat in seed_repeats(run, train_seeds):
-                results.append(evaluate_run(repeat, data, split, colour_preset, max_samples))
+                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples))
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -267,34 +281,31 @@ def evaluate_offline(
 def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
     seeds: str = typer.Option("42,1000-1009", "--seeds", help="Held-out track seeds (the same for every model: paired episodes)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help="Comma-separated colour presets."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets: {PRESETS}."),
     repeats: int = typer.Option(1, "--runs", min=1, help="Evaluation runs: success is reported as mean ± std over them."),
     trials: int = typer.Option(1, "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
-    renderer: str = typer.Option("fast", "--renderer", help="How frames are drawn: fast (default) or stock (gymnasium's code)."),
+    renderer: Renderer = typer.Option("fast", "--renderer", help="How frames are drawn: fast or stock (gymnasium's code)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
     batch: int = typer.Option(8, "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
-    inference: str = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
+    inference: Inference = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
-    backend: str = typer.Option("process", "--backend", help="process (local worker processes) | ray (Ray tasks; the optional extra 'ray')."),
+    backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
-    from nsacdrive.common.backends import BACKENDS
     from nsacdrive.eval.closed_loop import evaluate_closed_loop
 
-    if backend not in BACKENDS:
-        raise typer.BadParameter(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if address is not None and backend != "ray":
+    if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,
-                                    backend=backend, address=address, trials=trials, renderer=renderer,
-                                    batch=batch, inference=inference)
+                                    backend=backend.value, address=address, trials=trials, renderer=renderer.value,
+                                    batch=batch, inference=inference.value)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -354,7 +365,7 @@ def report(
     offline: Optional[Path] = typer.Option(None, "--offline", help="An `nsacdrive evaluate-offline --out` folder whose table to include."),
     episodes: Optional[str] = typer.Option(None, "--episodes", help="Comma-separated episode ids to explain (default: the run's best-scoring track, clean and perturbed)."),
     frames: int = typer.Option(4, "--frames", min=1, help="Grad-CAM frames sampled along the lap."),
-    perturbation: Optional[str] = typer.Option(None, "--perturbation", help="Colour preset of the perturbed Grad-CAM frames (default: the evaluation's first non-default preset, else shift-3)."),
+    perturbation: Optional[str] = typer.Option(None, "--perturbation", help=f"Colour preset of the perturbed Grad-CAM frames, one of {PRESETS} (default: the evaluation's first non-default preset, else shift-3)."),
 ) -> None:
     """Static HTML report: closed-loop and offline tables, Grad-CAM with a sanity check, neuron-level potentials."""
     from nsacdrive.eval.explain.report import ReportConfig, write_report
@@ -385,12 +396,12 @@ def dagger(
     beta0: float = typer.Option(0.5, "--beta0", min=0.0, max=1.0, help="β of round 1: probability that the expert drives a step."),
     beta_decay: float = typer.Option(0.5, "--beta-decay", min=0.0, max=1.0, help="β_k = beta0 · decay^(k−1)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help="Colour presets driven in the rounds."),
+    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
     epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of round and evaluation episodes."),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
     eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
-    eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Presets of that table, e.g. default,shift-3."),
+    eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Comma-separated presets of that table, e.g. default,shift-3."),
     workers: int = typer.Option(2, "--workers", min=1),
     seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
 ) -> None:

@@ -7,6 +7,10 @@ from typing import Optional
 
 import typer
 
+from nsacdrive.eval.modes import THROTTLE_MODES
+from nsacdrive.options import choice
+
+Throttle = choice("Throttle", THROTTLE_MODES)
 udacity_app = typer.Typer(help="Udacity-simulator-style data and driving: import recordings, serve the simulator.",
                           no_args_is_help=True)
 
@@ -41,7 +45,7 @@ def serve(
     run: Path = typer.Argument(..., help="Run folder from `nsacdrive train` (any controller)."),
     port: int = typer.Option(4567, "--port", min=1, max=65535, help="TCP port (the simulator connects to 4567)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; 0.0.0.0 for a simulator on another machine."),
-    throttle: str = typer.Option("law", "--throttle", help="law: 1 − steer² − (speed/limit)² | model: the controller's gas − brake."),
+    throttle: Throttle = typer.Option("law", "--throttle", help="law: 1 − steer² − (speed/limit)² | model: the controller's gas − brake."),
     speed_limit: float = typer.Option(25.0, "--speed-limit", help="Throttle law: the speed limit (simulator mph)."),
     slow_limit: float = typer.Option(10.0, "--slow-limit", help="Throttle law: the limit while over --speed-limit."),
     log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines."),
@@ -58,14 +62,14 @@ def serve(
     logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
     logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
     try:
-        handler = TelemetryHandler.from_run(run, ServeConfig(throttle, speed_limit, slow_limit), samples)
+        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit), samples)
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     frame_log = FrameLog(log) if log is not None else None
 
     def ready() -> None:
-        typer.echo(f"serving {run} on {host}:{port} (throttle {throttle}, log {log or 'off'}); Ctrl-C stops")
+        typer.echo(f"serving {run} on {host}:{port} (throttle {throttle.value}, log {log or 'off'}); Ctrl-C stops")
 
     try:
         serve(handler, host, port, frame_log, ready)

@@ -278,3 +278,75 @@ def test_collect_rejects_an_empty_colour_preset_list(tmp_path, preset):
     result = invoke("collect", "--seeds", "0", "--colour-preset", preset, "--out", tmp_path / "out", "--workers", "1")
     assert result.exit_code == 2
     assert "--colour-preset" in normalize(result.output)
+
+
+# --------------------------------------------------------------------------- choices from the registries
+
+
+def _choices():
+    """(command, option, values) of every enumerated option, values read from the library."""
+    from nsacdrive.agents.ppo import OBS_KINDS
+    from nsacdrive.common.backends import BACKENDS
+    from nsacdrive.controllers.registry import MODEL_BUILDERS
+    from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
+    from nsacdrive.envs.car_racing import RENDERERS
+    from nsacdrive.eval.modes import INFERENCE_MODES, OFFLINE_SPLITS, THROTTLE_MODES
+
+    return [
+        (["train"], "--model", tuple(MODEL_BUILDERS)),
+        (["collect"], "--renderer", RENDERERS),
+        (["collect"], "--env", ENVS),
+        (["collect"], "--layout", LAYOUTS),
+        (["expert", "train"], "--obs", OBS_KINDS),
+        (["evaluate-offline"], "--split", OFFLINE_SPLITS),
+        (["eval"], "--renderer", RENDERERS),
+        (["eval"], "--inference", INFERENCE_MODES),
+        (["eval"], "--backend", BACKENDS),
+        (["udacity", "serve"], "--throttle", THROTTLE_MODES),
+    ]
+
+
+def wide_help(*command: str) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_train_help_lists_every_registered_model():
+    from nsacdrive.controllers.registry import MODEL_BUILDERS
+
+    line = next(line for line in wide_help("train").splitlines() if "--model" in line)
+    assert "<" + "|".join(MODEL_BUILDERS) + ">" in line
+    assert len(MODEL_BUILDERS) == 8 and "nac" in MODEL_BUILDERS
+
+
+@pytest.mark.parametrize(("command", "option", "values"), _choices(), ids=lambda x: x if isinstance(x, str) else None)
+def test_every_enumerated_option_lists_its_registry_in_help(command, option, values):
+    line = next(line for line in wide_help(*command).splitlines() if f" {option} " in line)
+    assert "<" + "|".join(values) + ">" in line
+
+
+@pytest.mark.parametrize(("command", "option", "values"), _choices(), ids=lambda x: x if isinstance(x, str) else None)
+def test_a_bad_enumerated_value_exits_2_naming_the_valid_ones(tmp_path, command, option, values):
+    arguments = {"eval": [tmp_path / "run"], "evaluate-offline": [tmp_path / "run", "--data", tmp_path],
+                 "udacity": [tmp_path / "run"]}.get(command[0], [])
+    out = [] if command[0] == "udacity" else ["--out", tmp_path / "out"]
+    result = invoke(*command, *arguments, *out, option, "bogus")
+    assert result.exit_code == 2
+    text = normalize(result.output)
+    assert f"'{option}'" in text
+    assert "'bogus' is not one of " + ", ".join(f"'{v}'" for v in values) in text
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["collect"], ["eval"], ["dagger"], ["drive"], ["expert", "evaluate"]])
+def test_colour_preset_help_lists_every_preset(command):
+    line = next(line for line in wide_help(*command).splitlines() if "--colour-preset" in line)
+    assert ", ".join(list_presets()) in line
+
+
+def test_the_command_line_starts_without_importing_torch():
+    code = "import sys, nsacdrive.cli; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

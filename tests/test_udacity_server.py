@@ -18,6 +18,7 @@ import nsacdrive.data_collection.udacity_import as udacity_import
 import numpy as np
 import pytest
 import torch
+from data_fixtures import normalize
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -221,7 +222,7 @@ def test_serve_command_rejects_bad_arguments_before_serving(tmp_path, arguments,
     from nsacdrive.cli import app
 
     result = CliRunner().invoke(app, ["udacity", "serve", str(tmp_path / "missing-run"), *arguments])
-    assert result.exit_code == 2 and message in result.output
+    assert result.exit_code == 2 and message in normalize(result.output)
 
 
 @pytest.fixture(scope="module")

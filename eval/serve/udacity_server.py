@@ -54,12 +54,12 @@ from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
+from nsacdrive.eval.modes import THROTTLE_MODES
 
 logger = logging.getLogger(__name__)
 
 #: (H, W, C) of the simulator's centre camera image, RGB: the raw frame of Udacity-kind runs.
 CAMERA_SHAPE = UDACITY_RAW_FRAME_SHAPE
-THROTTLE_MODES = ("law", "model")
 SAFE_REPLY = {"steering_angle": "0", "throttle": "0"}
 TELEMETRY_FIELDS = ("steering_angle", "throttle", "speed", "image")
 #: Columns of the per-frame log, in order (uncertainties are variances in action units²).

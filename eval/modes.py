@@ -1,0 +1,8 @@
+"""Modes of the evaluation commands, importable without torch (the CLI offers them as choices)."""
+
+#: Where the closed-loop controller runs (``eval/closed_loop.py``).
+INFERENCE_MODES = ("auto", "inline", "process")
+#: How the Udacity drive server sets the throttle (``eval/serve/udacity_server.py``).
+THROTTLE_MODES = ("law", "model")
+#: Which of a run's own held-out seed ranges the offline table uses (``eval/offline.py``).
+OFFLINE_SPLITS = ("test", "val")
