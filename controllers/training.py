@@ -70,6 +70,22 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
+class TrainingDiverged(ValueError):
+    """A NaN or infinite loss or gradient: training stops (its weights would predict NaN); the
+    message names the epoch, the batch and the episodes in it."""
+
+
+def describe_batch(dataset: SequenceDataset, batch: dict[str, torch.Tensor], limit: int = 8) -> str:
+    """The episodes (files, track seeds, newest-frame steps) a batch was drawn from, for error messages."""
+    steps: dict[int, list[int]] = {}
+    for episode, step in zip(batch["episode"].tolist(), batch["step"].tolist(), strict=True):
+        steps.setdefault(int(episode), []).append(int(step))
+    parts = [f"{dataset.episodes[e].sidecar_path} (track seed {dataset.episodes[e].sidecar['track_seed']}, steps {min(s)}-{max(s)})"
+             for e, s in sorted(steps.items())[:limit]]
+    more = f" and {len(steps) - limit} more" if len(steps) > limit else ""
+    return "; ".join(parts) + more
+
+
 @dataclass
 class TrainState:
     epoch: int = 0  # epochs completed
@@ -177,31 +193,46 @@ class Trainer:
         loader = self._batches(self.train_set, epoch)
         n_batches = len(loader) if cfg.max_batches_per_epoch is None else min(len(loader), cfg.max_batches_per_epoch)
         totals: dict[str, float] = {}
-        bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False)
-        for index, batch in enumerate(loader):
-            if index >= n_batches:
-                break
-            frames = self._augment_batch(batch["frames"], augment_rng).to(self.device)
-            terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
-                                             perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
-            self.optimizer.zero_grad(set_to_none=True)
-            terms["total"].backward()
-            self._clip_gradients()
-            self.optimizer.step()
-            for key, value in terms.items():
-                totals[key] = totals.get(key, 0.0) + float(value.detach())
-            bar.update(1)
-            bar.set_postfix(loss=f"{totals['total'] / (index + 1):.4f}")
-        bar.close()
+        with tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False) as bar:
+            for index, batch in enumerate(loader):
+                if index >= n_batches:
+                    break
+                terms = self._train_step(batch, f"epoch {epoch + 1}, training batch {index + 1}", augment_rng, perturb_rng)
+                for key, value in terms.items():
+                    totals[key] = totals.get(key, 0.0) + value
+                bar.update(1)
+                bar.set_postfix(loss=f"{totals['total'] / (index + 1):.4f}")
         train_terms = {f"train_{k}": v / max(n_batches, 1) for k, v in totals.items()}
         return {**train_terms, "val_total": self.validate(epoch)}
 
-    def _clip_gradients(self) -> None:
-        """Clip by global norm; ensemble members each on their own, so members stay independent."""
+    def _train_step(self, batch: dict[str, torch.Tensor], where: str, augment_rng: torch.Generator,
+                    perturb_rng: torch.Generator) -> dict[str, float]:
+        """One optimiser step on ``batch``; stops with :class:`TrainingDiverged` on a NaN/inf loss or gradient."""
+        frames = self._augment_batch(batch["frames"], augment_rng).to(self.device)
+        terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
+                                         perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
+        self._check_finite("loss", terms["total"], where, self.train_set, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms["total"].backward()
+        self._check_finite("gradient norm", self._clip_gradients(), where, self.train_set, batch)
+        self.optimizer.step()
+        return {key: float(value.detach()) for key, value in terms.items()}
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip by global norm; ensemble members each on their own, so members stay independent.
+        Returns the norms before clipping (one per member)."""
         members = getattr(self.model, "members", None)
         groups = [list(self.model.member_parameters(k)) for k in range(len(members))] if members is not None else [list(self.model.parameters())]
-        for group in groups:
-            torch.nn.utils.clip_grad_norm_(group, self.config.grad_clip)
+        return torch.stack([torch.nn.utils.clip_grad_norm_(group, self.config.grad_clip) for group in groups])
+
+    def _check_finite(self, what: str, value: torch.Tensor, where: str, dataset: SequenceDataset,
+                      batch: dict[str, torch.Tensor]) -> None:
+        """Raise :class:`TrainingDiverged` if ``value`` holds NaN or inf, naming ``where`` and the batch's episodes."""
+        if bool(torch.isfinite(value).all()):
+            return
+        raise TrainingDiverged(f"{self.run_dir}: {where}: the {what} is {value.detach().cpu().tolist()}, training stopped "
+                               f"(lr {self.config.lr}; a lower lr, or the episodes of this batch, may be the cause): "
+                               f"{describe_batch(dataset, batch)}")
 
     @torch.no_grad()
     def validate(self, epoch: int) -> float:
@@ -217,6 +248,7 @@ class Trainer:
             terms = self.model.training_loss(batch["frames"].to(self.device), batch["timestamps"].to(self.device),
                                              batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
                                              speed=batch["speed"].to(self.device))
+            self._check_finite("loss", terms["total"], f"epoch {epoch + 1}, validation batch {index + 1}", self.val_set, batch)
             total += float(terms["total"]) * len(batch["action"])
             count += len(batch["action"])
         return total / count

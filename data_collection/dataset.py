@@ -15,7 +15,7 @@
   in an LRU cache of ``cache_episodes`` episodes. :class:`EpisodeGroupedSampler` shuffles
   episodes and then samples within a small group of them, so the cache is hit almost always.
 * Every episode is validated when the index is built (sidecar, size and sha256, dtypes,
-  shapes, finite actions); a bad file raises an error naming it, or with ``on_error="skip"`` is
+  shapes, finite actions and speeds); a bad file raises an error naming it, or with ``on_error="skip"`` is
   left out with a warning while the other files load normally.
 """
 
@@ -128,6 +128,7 @@ def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterabl
     for path in (path for folder in roots for path in sidecar_paths(folder)):
         try:
             sidecar, arrays = load_episode_arrays(path, include_observations=False)
+            _check_speed(arrays["speed"], path.parent / sidecar["file"])
         except EpisodeFileError as exc:
             if on_error == "raise":
                 raise
@@ -139,6 +140,13 @@ def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterabl
             continue
         records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"]))
     return records
+
+
+def _check_speed(speed: np.ndarray, data_path: Path) -> None:
+    """Speeds are a controller input (``speed_input``): one NaN frame would make the training loss NaN."""
+    bad = np.flatnonzero(~np.isfinite(speed))
+    if bad.size:
+        raise EpisodeFileError(f"{data_path}: array 'speed' holds NaN/inf (first at step {bad[0]})")
 
 
 def sequence_offsets(sequence_length: int, frame_stride: int) -> np.ndarray:

@@ -1,0 +1,75 @@
+"""Faults of training runs and run folders: diverged losses, overlapping splits, interrupted saves,
+corrupt weights and version records — each must stop with an error that names its cause."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from data_fixtures import synthetic_arrays, synthetic_metadata, write_synthetic
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.training import TrainConfig, Trainer, TrainingDiverged
+from nsacdrive.data_collection.episode import EpisodeFileError, write_episode
+
+TINY_MODEL = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
+
+
+@pytest.fixture
+def tiny_data(tmp_path) -> Path:
+    """Three untextured synthetic episodes of 120 steps on track seeds 0, 1, 2 (no env needed)."""
+    for seed in range(3):
+        write_synthetic(tmp_path / "data", f"ep{seed}", 120, track_seed=seed, textured=False)
+    return tmp_path / "data"
+
+
+def tiny_config(data: Path, **overrides: Any) -> TrainConfig:
+    base = dict(data=str(data), model=TINY_MODEL, train_seeds="0", val_seeds="1", test_seeds="2", batch_size=8, epochs=2,
+                max_batches_per_epoch=3, max_val_batches=1)
+    return TrainConfig(**{**base, **overrides})
+
+
+def test_a_diverging_loss_stops_training_naming_the_epoch_batch_and_episodes(tiny_data, tmp_path):
+    with pytest.raises(TrainingDiverged, match=r"epoch 1, training batch \d+: the loss is nan") as caught:
+        Trainer(tiny_config(tiny_data, lr=1e6), tmp_path / "run", progress=False).fit()
+    assert str(tiny_data / "ep0.json") in str(caught.value) and "track seed 0" in str(caught.value)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_train_command_exits_2_with_one_error_line_when_the_loss_diverges(tiny_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    settings = tiny_config(tiny_data, lr=1e6).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    result = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "run"),
+                                      "--device", "cpu"])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the loss is nan" in errors[0] and "best validation loss" not in result.output
+
+
+def test_an_episode_with_a_nan_speed_is_rejected_at_load_naming_the_file_and_step(tiny_data, tmp_path):
+    arrays = synthetic_arrays(120, seed=0, textured=False)
+    arrays["speed"][57] = np.nan
+    write_episode(tiny_data, "nan-speed", arrays, synthetic_metadata(arrays, track_seed=0))
+    with pytest.raises(EpisodeFileError, match=r"nan-speed\.npz: array 'speed' holds NaN/inf \(first at step 57\)"):
+        Trainer(tiny_config(tiny_data, model=dataclasses.replace(TINY_MODEL, speed_input=True)), tmp_path / "run", progress=False)
+
+
+def test_a_nan_validation_loss_stops_training_naming_the_validation_batch(tiny_data, tmp_path, monkeypatch):
+    trainer = Trainer(tiny_config(tiny_data), tmp_path / "run", progress=False)
+    training_loss = trainer.model.training_loss
+
+    def nan_in_eval_mode(*args, **kwargs):
+        terms = training_loss(*args, **kwargs)
+        return terms if trainer.model.training else {**terms, "total": terms["total"] * float("nan")}
+
+    monkeypatch.setattr(trainer.model, "training_loss", nan_in_eval_mode)
+    with pytest.raises(TrainingDiverged, match=r"epoch 1, validation batch 1: the loss is nan.*ep1\.json \(track seed 1"):
+        trainer.fit()
