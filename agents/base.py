@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from nsacdrive.envs.state import PrivilegedState
 
-#: Source labels written into episode sidecars (driving.md §4).
+#: Source labels written into episode sidecars (docs/data-format.md#sources).
 AGENT_SOURCES = ("expert", "ppo", "human")
 
 

@@ -54,7 +54,7 @@ class Step:
 
 
 def termination_reason(terminated: bool, truncated: bool, info: dict[str, Any]) -> str:
-    """``lap_finished`` | ``left_playfield`` | ``time_limit`` (driving.md §1 semantics of info)."""
+    """``lap_finished`` | ``left_playfield`` | ``time_limit`` (docs/driving.md#carracing-facts: episode end)."""
     if terminated:
         return "lap_finished" if info.get("lap_finished") else "left_playfield"
     return "time_limit" if truncated else "running"

@@ -1,6 +1,6 @@
 """Lévy cross-attention vs a matched softmax cross-attention: forward and forward+backward time.
 
-Setting of the paper's cost claim (levy.md §4, "about 1.7× a softmax cross-attention"): n = 512
+Setting of the paper's cost claim (docs/levy.md#cost, "about 1.7× a softmax cross-attention"): n = 512
 keys, m = 128 queries, width 128, 4 heads, L = 16 × 8 = 128 cells, float32, batch B = 8. Both
 layers share the same Q/K/V/O weights; the softmax layer is the standard multi-head form on
 ``F.scaled_dot_product_attention`` (PyTorch's fused CPU kernel), the Lévy layer additionally

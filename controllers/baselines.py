@@ -1,6 +1,6 @@
 """Honest uncertainty baselines: MC-Dropout, Deep Ensemble, Deep Evidential Regression, SDE-Net.
 
-The published baselines (../shared/specs/nsac.md §5, driving.md §6 item 11) were not what their
+The published baselines (docs/nsac.md#published-baselines) were not what their
 names say: "MC-Dropout" had no dropout on CarRacing, the "Deep Ensemble" was weight jitter of ONE
 model, GMLE/DER metrics were computed on dataset-mean scalars, and SDE-Net saw the last frame
 only. Here every baseline is the method of its paper, behind the common head contract of

@@ -1,9 +1,9 @@
 """Shared machinery of NAC and NSAC: projections, key selection, pair features, time gates.
 
 Both layers attend from each query i to K selected keys j through a per-pair feature
-p_ij = [q_i ; k_j] (nsac.md §1.6): the dot product q·k is used ONLY to choose the keys, never
+p_ij = [q_i ; k_j] (docs/nsac.md#key-selection): the dot product q·k is used ONLY to choose the keys, never
 in the logits; the logits come from a small circuit applied to p_ij and a time gate
-τ_ij = σ(±a_ij·t_i + b_ij) (§1.7).
+τ_ij = σ(±a_ij·t_i + b_ij) (docs/nsac.md#time-gate).
 
 Two key-selection rules:
 
@@ -29,7 +29,7 @@ MODES = ("corrected", "reference")
 
 @dataclass(frozen=True)
 class CircuitAttentionConfig:
-    """Settings shared by NAC and NSAC (nsac.md §1.1 and §2.1)."""
+    """Settings shared by NAC and NSAC (docs/nsac.md#layer-overview)."""
 
     input_dim: int
     d_model: int = 64
@@ -58,7 +58,7 @@ class CircuitAttentionConfig:
 
     @property
     def backbone_units(self) -> int:
-        """U_b = d + ⌊d / 0.6⌋ neurons, as the published backbone (§1.8)."""
+        """U_b = d + ⌊d / 0.6⌋ neurons, as the published backbone (docs/nsac.md#ncp-circuit)."""
         return self.d_model + int(self.d_model / 0.6)
 
 
@@ -95,7 +95,7 @@ def exact_topk(q: torch.Tensor, k: torch.Tensor, topk: int, key_mask: torch.Tens
 
 
 def block_topk(q: torch.Tensor, k: torch.Tensor, topk: int) -> torch.Tensor:
-    """The published square-root partitioned top-K (nsac.md §1.6), tail drop included."""
+    """The published square-root partitioned top-K (docs/nsac.md#key-selection), tail drop included."""
     n_keys = k.shape[2]
     size = max(int(math.isqrt(n_keys)), 1)
     n_blocks = n_keys // size
@@ -118,7 +118,7 @@ class CircuitAttentionCore(nn.Module):
         super().__init__()
         self.config = config
         d = config.d_model
-        # The published q/k/v "NCP sensory cells" reduce exactly to per-time-step affine maps (§1.4).
+        # The published q/k/v "NCP sensory cells" reduce exactly to per-time-step affine maps (docs/nsac.md#projections).
         self.query = glorot_linear(config.input_dim, d)
         self.key = glorot_linear(config.input_dim, d)
         self.value = glorot_linear(config.input_dim, d)

@@ -4,7 +4,7 @@
 Grad-CAM has spatial resolution) before it is flattened into one token per frame. GroupNorm
 instead of BatchNorm: statistics never depend on the batch, so perturbed passes and batch-1
 control behave exactly like training. ``ReferenceEncoder`` is the published CarRacing CNN
-(nsac.md §8.1: 5×5/3 → pool → 3×3/2 → pool → 2×2/1 → pool → BatchNorm → 64 features; its
+(docs/nsac.md#published-experiment-settings: 5×5/3 → pool → 3×3/2 → pool → 2×2/1 → pool → BatchNorm → 64 features; its
 last map is 1×1, so Grad-CAM is meaningless on it) for parity studies.
 
 ``NvidiaEncoder`` (``kind="nvidia"``) reads Udacity frames [B, T, 3, 66, 200] (YUV,

@@ -157,7 +157,7 @@ class GMLEHead(UncertaintyHead):
 
 
 class LevyHead(UncertaintyHead):
-    """Lévy attention with one query per action (levy.md §5) over the frame tokens.
+    """Lévy attention with one query per action (docs/levy.md#action-head) over the frame tokens.
 
     Keys are the T frame tokens at index-space time t_f = 1 + timestamp / window (clipped to
     [0, 1]; the newest frame sits at t = 1) with a learned identity vector per frame slot. Mean:

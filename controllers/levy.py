@@ -1,4 +1,4 @@
-"""Lévy attention: cross-attention whose keys emit a Poisson field of values (levy.md).
+"""Lévy attention: cross-attention whose keys emit a Poisson field of values (docs/levy.md).
 
 Each key i sits at a point s_i = (t_i, u_i) of the index space S = [0, 1]², where t is its time
 and u = sigmoid(chan(e_i)) a learned, per-head channel coordinate of its identity vector e_i.
@@ -6,7 +6,7 @@ A query q lays an intensity over S: every key contributes τ·κ(q, k_i) = τ·e
 times a Gaussian mollifier (standard deviations ε) centred on s_i and renormalised to mass 1 on
 S. The grid of L = L_t × L_v cells turns that into cell intensities λ_l(q) = τ Σ_i κ_i M_il,
 where M_il is the exact mass of key i's mollifier inside cell l. A partition of unity over the
-keys turns the values into a value field V_l. The layer returns, per query and head (§2):
+keys turns the values into a value field V_l. The layer returns, per query and head (docs/levy.md#evidence onwards):
 
 * the mean path ā = Σ_l p_l V_l with p = λ/Λ (used in training; exactly differentiable),
 * the evidence Λ = Σ_l λ_l = τ Σ_i κ_i (independent of the grid),
@@ -14,11 +14,11 @@ keys turns the values into a value field V_l. The layer returns, per query and h
 * the deviation σ̂ = sqrt(trΣ_V · φ(Λ)), φ(Λ) = E[1{Z≥1}/Z], Z ~ Poisson(Λ).
 
 σ̂ is the exact RMS deviation of the sampled layer (N_l ~ Poisson(λ_l), a = Σ N_l V_l / Σ N_l,
-a = ā when no count falls) around ā (Theorems 1 and 2, levy.md §3); :meth:`LevyCrossAttention.sample`
+a = ā when no count falls) around ā (docs/levy.md#sampled-layer); :meth:`LevyCrossAttention.sample`
 draws from it. Choices where the spec left room are noted where they are made; the main ones:
 
 * The deterministic path uses the per-key form ā = Σ_i π_i ṽ_i with π = κ/Σκ and ṽ = M V
-  (levy.md §4 "cheaper deterministic alternative", exactly equal to the cell form). It avoids the
+  (docs/levy.md#mean-path, exactly equal to the cell form). It avoids the
   m × L intensity tensor; only the sampler builds λ. Both softmax-shaped steps run on PyTorch's
   fused attention kernel (``F.scaled_dot_product_attention``): the value field (cells attend to
   keys with logits that are bilinear in cell and key features) and the query side (κ is a
@@ -28,7 +28,7 @@ draws from it. Choices where the spec left room are noted where they are made; t
 * trΣ_V is computed centred: with a per-head centre c (the mean of the value field over the
   cells), D_l = V_l − c, w_i = Σ_l M_il ‖D_l‖², trΣ_V = Σ_i π_i w_i − ‖ā − c‖², clamped ≥ 0.
   The shortcut Σ_l p_l‖V_l‖² − ‖ā‖² cancels catastrophically when the values share a large
-  offset (10% error at offset 100 in float32, levy.md §6g); centring removes the offset before
+  offset (10% error at offset 100 in float32, docs/levy.md#centred-disagreement); centring removes the offset before
   squaring. The remaining rounding error is ≈ 1e-7 · (Σ_l p_l ‖D_l‖²) / trΣ_V relative in float32,
   i.e. harmless unless a query's p concentrates on cells whose values barely differ while other
   cells differ a lot (very sharp kernels, β ≫ 1; use float64 there).
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-_PHI_SWITCH = 40.0  # φ: Poisson-sum branch below, asymptotic series above (levy.md §2)
+_PHI_SWITCH = 40.0  # φ: Poisson-sum branch below, asymptotic series above (docs/levy.md#the-function-phi)
 _PHI_TERMS = 160  # Poisson terms z = 1..160: the tail of Poisson(40) beyond 160 is < 1e-40
 _PHI_ORDER = 12  # asymptotic series Σ_{k≤12} k!/Λ^{k+1}; truncation error < 1e-11 relative at Λ = 40
 _TINY = 1e-300
@@ -55,7 +55,7 @@ _NORM_EPS = 1e-12  # F.normalize's default floor on the norm
 
 
 def levy_phi(lam: Tensor) -> Tensor:
-    """φ(Λ) = E[1{Z≥1}/Z] for Z ~ Poisson(Λ), elementwise for Λ ≥ 0 (levy.md §2).
+    """φ(Λ) = E[1{Z≥1}/Z] for Z ~ Poisson(Λ), elementwise for Λ ≥ 0 (docs/levy.md#the-function-phi).
 
     Evaluated in float64 and returned in the input's floating dtype (float64 for integer input).
     Λ ≥ 40: the asymptotic series Σ_{k=0}^{12} k!/Λ^{k+1} (the e^{-Λ}(γ + ln Λ) term is below
@@ -121,7 +121,7 @@ def _axis_mass(x: Tensor, cells: int, eps: float) -> tuple[Tensor, Tensor]:
     """Exact mass of N(x, eps²) in each of ``cells`` equal bins of [0, 1], row-normalised.
 
     Returns (mass [..., cells] with rows summing to 1, log of the raw in-[0,1] mass [...]).
-    Dividing by the in-range mass is the boundary renormalisation of levy.md §1. Bins right of x
+    Dividing by the in-range mass is the boundary renormalisation of docs/levy.md#mollifier-and-grid. Bins right of x
     use differences of upper tails, bins left of it differences of lower tails, so no mass is
     lost to Φ ≈ 1 cancellation.
     """
@@ -239,7 +239,7 @@ def fourier_time_features(t: Tensor, dim: int, max_frequency: float = 32.0) -> T
 
     Frequencies are geometric from 1 to ``max_frequency`` cycles per unit time. The token
     encoder must add the same features to the keys for a query's time features to be
-    comparable with theirs (levy.md §5: queries carry time only through their embedding).
+    comparable with theirs (docs/levy.md#action-head: queries carry time only through their embedding).
     """
     if dim % 2:
         raise ValueError(f"dim must be even, got {dim}")
@@ -250,7 +250,7 @@ def fourier_time_features(t: Tensor, dim: int, max_frequency: float = 32.0) -> T
 
 @dataclass(frozen=True)
 class LevyAttentionConfig:
-    """Settings of :class:`LevyCrossAttention` (levy.md §1).
+    """Settings of :class:`LevyCrossAttention` (docs/levy.md#choices-and-switches).
 
     ``identity_dim`` = 128 reproduces the paper's 516 extra parameters at 4 heads
     (4 × (128 + 1)). ``beta`` is the fixed kernel sharpness and ``tau`` the fixed Poisson rate
@@ -282,7 +282,7 @@ class LevyAttentionConfig:
         if len(self.eps) != 2 or min(self.eps) <= 0:
             raise ValueError(f"eps must be two positive standard deviations (eps_t, eps_v), got {self.eps}")
         # the sampler's κ = exp(β·cos) must stay finite in float32, and Σκ resolvable against the
-        # reference key's weight 1 (levy.md §7.1 suggests β ∈ {1, 4, 10} as the ablation range)
+        # reference key's weight 1 (docs/levy.md#kernel: β ∈ {1, 4, 10} is the ablation range)
         if not 0 < self.beta <= 50:
             raise ValueError(f"beta must lie in (0, 50], got {self.beta}")
         if not self.tau > 0:
@@ -300,7 +300,7 @@ class LevyOutput:
     """What :meth:`LevyCrossAttention.forward` returns.
 
     ``output`` [B, m, E] is W_O applied to the concatenated per-head mean paths ā. The signals
-    are head means [B, m] (levy.md §4 "Heads"); the ``*_heads`` fields [B, m, H] hold them per
+    are head means [B, m] (docs/levy.md#heads); the ``*_heads`` fields [B, m, H] hold them per
     head. ``empty_history`` [B] marks samples that had no valid key and attended to the neutral
     token only: their σ̂ is not trustworthy (report "unknown" there).
     """
@@ -331,7 +331,7 @@ class _Keys:
 
 
 class LevyCrossAttention(nn.Module):
-    """Lévy cross-attention from m queries to n keys (levy.md §2 and §4).
+    """Lévy cross-attention from m queries to n keys (docs/levy.md).
 
     Inputs: ``queries`` [B, m, E]; ``tokens`` [B, n, E] (keys and values); ``times`` [B, n] in
     [0, 1]; ``identity`` [B, n, D] or [n, D] (the key identity vectors e_i); ``mask`` [B, n] bool,
@@ -394,7 +394,7 @@ class LevyCrossAttention(nn.Module):
         """K draws of the sampled layer, [K, B, m, E], after the output projection.
 
         Keys, kernel, λ and the value field are computed once; only the cell counts
-        N_l ~ Poisson(λ_l) are redrawn (levy.md §4 "K-draw mode"), then a = Σ N_l V_l / Σ N_l per
+        N_l ~ Poisson(λ_l) are redrawn (docs/levy.md#sampled-layer, "K-draw mode"), then a = Σ N_l V_l / Σ N_l per
         head (ā where no count falls), heads concatenated and W_O applied. W_O is affine, so
         Theorem 1 (E[a] = ā) carries over unchanged; Theorem 2 holds in projected form,
         E‖W(a − ā)‖² = φ(Λ) Σ_l p_l ‖W(V_l − ā)‖² (per head, summed over independent heads).
@@ -537,7 +537,7 @@ class LevyCrossAttention(nn.Module):
     def _mean_signals(self, directions: Tensor, keys: _Keys) -> tuple[Tensor, Tensor, Tensor]:
         """ā [B, H, mc, d], Λ and trΣ_V [B, H, mc] for one chunk of β-scaled query directions.
 
-        Per-key form (levy.md §4): ā − c = Σ π_i (ṽ_i − c), Σ_l p_l ‖D_l‖² = Σ π_i w_i with
+        Per-key form (docs/levy.md#centred-disagreement): ā − c = Σ π_i (ṽ_i − c), Σ_l p_l ‖D_l‖² = Σ π_i w_i with
         π = κ/Σκ, all read off one fused attention call (see :meth:`_prepare_keys`).
         """
         d = self.config.head_dim
@@ -568,7 +568,7 @@ class LevyCrossAttention(nn.Module):
 
 @dataclass(frozen=True)
 class LevyActionHeadConfig:
-    """Settings of :class:`LevyActionHead`: one learned query per action (levy.md §5)."""
+    """Settings of :class:`LevyActionHead`: one learned query per action (docs/levy.md#action-head)."""
 
     attention: LevyAttentionConfig = field(default_factory=LevyAttentionConfig)
     num_actions: int = 2
@@ -593,7 +593,7 @@ class LevyActionHead(nn.Module):
     """Per-action queries into a :class:`LevyCrossAttention`, and a small MLP per action.
 
     Query k = learned action embedding + Fourier features of t = 1 (the present; no index-space
-    position, levy.md §1). Each action therefore gets its own ā_k, Λ_k, trΣ_V,k and σ̂_k. The MLP
+    position, docs/levy.md#index-space). Each action therefore gets its own ā_k, Λ_k, trΣ_V,k and σ̂_k. The MLP
     of action k maps ā_k + q_k (residual) to the action mean; the A MLPs run as one batched
     einsum.
     """

@@ -1,4 +1,4 @@
-"""Per-action calibration of the Lévy deviation σ̂ and split-conformal intervals (levy.md §5).
+"""Per-action calibration of the Lévy deviation σ̂ and split-conformal intervals (docs/levy.md#calibration).
 
 σ̂ is an exact RMS deviation of the sampled layer, not of the prediction error, so it is mapped
 to an action-unit scale s = a·σ̂ + b (a, b ≥ 0) fitted once on validation data by a coarse grid
@@ -55,7 +55,7 @@ def fit_affine_scale(
     b ∈ linspace(0, std(y), 21). Given grids are 1-D and shared by all actions. Candidates
     that give s = 0 for any sample are skipped. Cost: one CRPS evaluation per sample, action
     and grid point (1302 per sample with the default grids). Returns (a, b) with shape [] or [A]. a = 0 means
-    σ̂ carries no information for that action (levy.md §5).
+    σ̂ carries no information for that action (docs/levy.md#calibration).
     """
     mu_t, sigma_t, y_t = _as_float64("mu", mu), _as_float64("sigma_hat", sigma_hat), _as_float64("y", y)
     if not (mu_t.shape == sigma_t.shape == y_t.shape) or mu_t.dim() not in (1, 2) or mu_t.shape[0] < 2:

@@ -1,4 +1,4 @@
-"""Uncertainty and regression metrics for predictive Gaussians N(m, s²) (driving.md §7, nsac.md §6).
+"""Uncertainty and regression metrics for predictive Gaussians N(m, s²) (docs/driving.md#offline-metrics).
 
 Every comparison in the project scores predictions with these functions, so they implement ONE
 documented convention and refuse ambiguous input instead of guessing:
@@ -9,7 +9,7 @@ documented convention and refuse ambiguous input instead of guessing:
   pipeline's 1-D broadcasting bug. Here it is a ``ValueError`` naming the argument.)
 * Reductions average over the sample axis N and return a ``float`` for ``[N]`` input and an
   array ``[D]`` (one value per action dimension) for ``[N, D]`` input.
-* s² is the TOTAL predictive variance, aleatoric + epistemic (nsac.md §3.5 FIX).
+* s² is the TOTAL predictive variance, aleatoric + epistemic (docs/nsac.md#uncertainty-decomposition).
 * Calibration: central-interval coverage at ``levels`` = 100 levels p = linspace(0, 1, 100): the
   observed fraction of |y − m|/s inside the central p-interval of N(0, 1) against p. This is
   uncertainty-toolbox's default (``prop_type="interval"``, ``num_bins=100``), and MACE/RMSCE here

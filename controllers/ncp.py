@@ -1,11 +1,11 @@
 """Neural Circuit Policy (NCP) wiring and the sparse feed-forward circuit built on it.
 
-The wiring follows the AutoNCP rules restated in ../shared/specs/nsac.md §1.3 (our own
+The wiring follows the AutoNCP rules described in docs/nsac.md#ncp-wiring (our own
 generator, seeded; not bit-compatible with the ``ncps`` package): ``units`` neurons split into
 motor (outputs), command and inter neurons; synapses run sensory→inter, inter→command,
 command→command (recurrent) and command→motor with fan-outs set by the sparsity.
 
-:class:`NCPCircuit` is the corrected NSAC backbone (nsac.md §2.7): the wiring used as a sparse
+:class:`NCPCircuit` is the corrected NSAC backbone (docs/nsac.md#corrected-backbone): the wiring used as a sparse
 feed-forward network ``inputs → inter → command → motor`` with tanh between layers, so its
 outputs (φ, κ, ψ raw values) genuinely depend on the input. The recurrent command→command
 synapses are not used by a feed-forward pass and are kept only in the wiring description.

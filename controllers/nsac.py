@@ -1,6 +1,6 @@
 """NSAC: the Neuronal Stochastic Attention Circuit, and its deterministic parent NAC.
 
-NSAC (../shared/specs/nsac.md §2): for every query i and selected key j a circuit maps the pair
+NSAC (docs/nsac.md#ou-attention-logits): for every query i and selected key j a circuit maps the pair
 feature p_ij to the parameters of an Ornstein–Uhlenbeck SDE, φ (equilibrium), κ (mean
 reversion) and ψ (diffusion). The attention logit is the closed-form OU marginal at the gated
 time τ_ij,
@@ -53,7 +53,7 @@ def make_activation(name: str) -> nn.Module:
 
 
 class ReferenceBackbone(nn.Module):
-    """The published backbone: ONE step of an NCP cell from a zero state (nsac.md §1.3, §0.1).
+    """The published backbone: ONE step of an NCP cell from a zero state (docs/nsac.md#reference-backbone).
 
     Its input group excludes the motor (output) neurons, so the outputs are
     ``b[motor]·w_out + b_out`` whatever the pair feature: constants with an exactly zero
@@ -89,7 +89,7 @@ def make_backbone(config: CircuitAttentionConfig, n_outputs: int) -> nn.Module:
 
 def ou_moments(phi: torch.Tensor, kappa: torch.Tensor, psi: torch.Tensor, tau: torch.Tensor,
                a0: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std of the OU marginal at time τ from a₀ (nsac.md §2.3), numerically stable."""
+    """Mean and std of the OU marginal at time τ from a₀ (docs/nsac.md#ou-discretisation), numerically stable."""
     decay = torch.exp(-kappa * tau)
     mean = phi + (a0 - phi) * decay
     variance = psi.square() / (2 * kappa) * (-torch.expm1(-2 * kappa * tau))
@@ -259,7 +259,7 @@ class NSAC(nn.Module):
 
 @dataclass(frozen=True)
 class NACConfig(CircuitAttentionConfig):
-    """NAC settings (nsac.md §1): deterministic logits from the ODE da/dt = −τ a + φ."""
+    """NAC settings (docs/nsac.md#nac-logits): deterministic logits from the ODE da/dt = −τ a + φ."""
 
     solver: Literal["exact", "steady", "euler"] = "exact"
     euler_steps: int = 5

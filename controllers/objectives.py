@@ -1,6 +1,6 @@
 """Training objectives for heads that predict (μ, log σ), and the NSAC two-term objective.
 
-NSAC objective (../shared/specs/nsac.md §3), with S draws (μ_s, ℓ_s) on clean inputs and
+NSAC objective (docs/nsac.md#training-objective), with S draws (μ_s, ℓ_s) on clean inputs and
 (μ̃_s, ℓ̃_s) on perturbed inputs:
 
     L_nll = mean ½[log 2π + log V̄ + (y − μ̄)²/V̄],   μ̄ = mean_s μ_s,  V̄ = mean_s (e^{2ℓ_s} + ε)
@@ -57,7 +57,7 @@ class NSACLossTerms:
 
 @dataclass(frozen=True)
 class NSACObjective:
-    """L = L_nll + λ·L_reg (nsac.md §3); call with clean and perturbed :class:`NSACOutput` draws."""
+    """L = L_nll + λ·L_reg (docs/nsac.md#training-objective); call with clean and perturbed :class:`NSACOutput` draws."""
 
     lambda_reg: float = 0.5
     epsilon: float = 1e-3

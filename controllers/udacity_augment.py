@@ -1,4 +1,4 @@
-"""Training-time augmentation of Udacity camera sequences (driving.md §9), on raw uint8 RGB frames.
+"""Training-time augmentation of Udacity camera sequences (docs/driving.md#udacity-augmentation), on raw uint8 RGB frames.
 
 Each step is applied with probability ``probability`` (0.6), independently, in this order, with
 ONE set of parameters for all T frames of a sequence (a sequence stays one consistent drive):

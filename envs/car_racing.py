@@ -1,6 +1,6 @@
 """CarRacing-v3 with explicit colour schemes, track geometry and an optional render-free mode.
 
-Track-preserving colour recipe (../shared/specs/driving.md §1): gymnasium draws random colours
+Track-preserving colour recipe (docs/driving.md#track-preserving-colours): gymnasium draws random colours
 from the same generator as the track, so ``domain_randomize=True`` changes the track of a seed.
 This env is constructed with ``domain_randomize=True`` so the stock code accepts our colours,
 sets road/background/grass itself and resets with ``options={"randomize": False}``: the track of
@@ -31,7 +31,7 @@ from nsacdrive.envs.geometry import TrackGeometry
 ENV_ID = "nsacdrive/CarRacing-v3"
 MAX_EPISODE_STEPS = 1000
 FPS = 50
-INTRO_STEPS = 50  # zoom-in animation at the start of every episode (driving.md §1)
+INTRO_STEPS = 50  # zoom-in animation at the start of every episode (docs/driving.md#carracing-facts)
 RENDERERS = ("stock", "fast")
 
 

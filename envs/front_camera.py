@@ -142,7 +142,7 @@ def track_strip(track: np.ndarray, inner: float, outer: float) -> np.ndarray:
     """Quads (N, 4, 2) between consecutive track points, ``inner``..``outer`` units right of the centreline.
 
     ``track`` is ``env.track`` as an (N, 4) array of (alpha, beta, x, y); the right-hand normal at
-    a point is (cos beta, sin beta) (driving.md §1). Quad i joins point i to point i+1 (closed).
+    a point is (cos beta, sin beta) (docs/driving.md#carracing-facts). Quad i joins point i to point i+1 (closed).
     """
     centre = track[:, 2:4]
     normal = np.stack([np.cos(track[:, 1]), np.sin(track[:, 1])], axis=1)

@@ -1,4 +1,4 @@
-"""The Udacity-simulator observation transform (driving.md §9), the twin of :mod:`nsacdrive.envs.observation`.
+"""The Udacity-simulator observation transform (docs/driving.md#udacity-preprocessing), the twin of :mod:`nsacdrive.envs.observation`.
 
 A camera frame is 160×320 RGB (the simulator's JPEGs, decoded to uint8 RGB). The network sees
 the Shibuya/NVIDIA preprocessing: rows 60 … H−25 (sky and bonnet removed), resized to 200×66

@@ -1,6 +1,6 @@
 """Lévy attention (controllers/levy.py) and its calibration (controllers/levy_calibration.py).
 
-Mirrors the numerical checks of ../shared/specs/levy.md §6: φ against a 50-digit reference and
+Mirrors the numerical checks listed in docs/levy.md#numerical-checks: φ against a 50-digit reference and
 scipy, Theorems 1 and 2 by Monte Carlo with the layer's own sampler, evidence against grid
 resolution, τ as an intensity multiplier, the mean path against an independent float64
 implementation of the cell form (numpy + scipy), and the centred disagreement against the
@@ -81,7 +81,7 @@ def numpy_params(layer: LevyCrossAttention, dtype=np.float64) -> dict[str, np.nd
 
 
 def reference_cell_form(layer, queries, tokens, times, identity, mask=None, dtype=np.float64):
-    """levy.md §2 cell form, written independently in numpy/scipy, one (sample, head) at a time.
+    """The cell form of docs/levy.md#mean-path, written independently in numpy/scipy, one (sample, head) at a time.
 
     Padded keys are dropped. Returns per-head ā [B, H, m, d], Λ, trΣ_V (direct form) [B, H, m],
     the shortcut trΣ_V, λ [B, H, m, L], V [B, H, L, d] and the projected output [B, m, E].
@@ -261,7 +261,7 @@ def test_mean_path_and_signals_match_independent_cell_form():
 
 @pytest.mark.parametrize("grid", [(8, 4), (16, 8), (32, 16), (64, 32)])
 def test_evidence_is_grid_independent(grid):
-    """Λ = τ Σ_i κ_i on every grid, with keys on the boundary of S (levy.md §6d)."""
+    """Λ = τ Σ_i κ_i on every grid, with keys on the boundary of S (docs/levy.md#evidence)."""
     base = make_layer(heads=2, head_dim=4, identity_dim=3, tau=0.7)
     with torch.no_grad():
         base.chan.weight.mul_(25.0)  # push u towards 0 and 1
@@ -293,7 +293,7 @@ def test_grid_moves_the_mean_path_but_not_the_evidence():
 
 @pytest.mark.parametrize("tau", [0.1, 0.5, 2.0])
 def test_tau_is_an_intensity_multiplier(tau):
-    """τ cancels from ā and trΣ_V, scales Λ by τ, and σ̂ follows φ(τΛ) (levy.md §6f)."""
+    """τ cancels from ā and trΣ_V, scales Λ by τ, and σ̂ follows φ(τΛ) (docs/levy.md#kernel)."""
     layer = make_layer(heads=2, head_dim=4)
     q, x, t, e = make_inputs(layer)
     one, scaled = layer(q, x, t, e), with_config(layer, tau=tau)(q, x, t, e)
@@ -394,7 +394,7 @@ def test_k_draw_spread_matches_deviation():
 
 
 def test_independent_heads_add_their_variances():
-    """Four heads sampling independently: E‖a − ā‖² = Σ_h trΣ_h φ(Λ_h) (levy.md §4)."""
+    """Four heads sampling independently: E‖a − ā‖² = Σ_h trΣ_h φ(Λ_h) (docs/levy.md#heads)."""
     layer, inputs = monte_carlo_setup(5.0, heads=4, head_dim=4)
     out = layer(*inputs)
     draws = layer.sample(*inputs, draws=DRAWS, generator=torch.Generator().manual_seed(11))[:, 0]

@@ -1,4 +1,4 @@
-"""NSAC / NAC invariants (nsac.md §9) in corrected and reference modes, and the NSAC objective."""
+"""NSAC / NAC invariants (docs/nsac.md#tested-invariants) in corrected and reference modes, and the NSAC objective."""
 
 from __future__ import annotations
 

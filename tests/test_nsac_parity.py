@@ -2,7 +2,7 @@
 
 Skipped unless torch-nac is installed (``make bench-deps`` installs it without dependencies;
 it is never vendored). It validates faithfulness to the published layer, not correctness:
-same author, same bugs (nsac.md §7). Weights are ported by the §1.4/§7 mapping: the q/k/v cells
+same author, same bugs (docs/nsac.md#parity-oracle). Weights are ported by the mapping described there: the q/k/v cells
 are affine per time step, so their effective (W, c) are read off by probing with basis inputs;
 the backbone's constants are r_k = b[k]·w_out,k + b_out,k.
 """

@@ -20,7 +20,7 @@ def textured(*batch: int, seed: int = 0) -> np.ndarray:
 
 
 def reference(frame: np.ndarray) -> np.ndarray:
-    """The §9 recipe written out with cv2, independently of the module."""
+    """The docs/driving.md#udacity-preprocessing recipe written out with cv2, independently of the module."""
     resized = cv2.resize(frame[60:135], (200, 66), interpolation=cv2.INTER_AREA)
     return np.transpose(cv2.cvtColor(resized, cv2.COLOR_RGB2YUV), (2, 0, 1)).astype(np.float32) / 127.5 - 1
 

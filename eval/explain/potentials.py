@@ -1,7 +1,7 @@
 """Neuron-level potentials: the real internals of every prediction of a driven episode.
 
 The published "κ/φ/ψ potentials" were thirds of one neuron group of a surrogate recurrent pass,
-placed on the track by step fraction (driving.md §6.12, nsac.md §4). Here an
+placed on the track by step fraction (docs/nsac.md#internals). Here an
 :class:`InternalsRecorder` hooks the network of the closed-loop agent while an episode is
 re-driven (:func:`nsacdrive.eval.video.redrive_episode`, which checks that the actions are the logged ones),
 so every value comes from the very forward pass that chose the step's action, and is stored with

@@ -5,7 +5,7 @@ enter through their tokens, held fixed (they are what the closed-loop agent cach
 answers "which regions of the current frame push this output up or down".
 
 Method (Selvaraju et al. 2017, via captum's ``LayerGradCam``; the published "Grad-CAM" was plain
-input-gradient saliency with a label-dependent target, driving.md §6.13): the layer is the
+input-gradient saliency with a label-dependent target, docs/driving.md#interpretability): the layer is the
 encoder's last convolution (``FrameEncoder.last_conv``, a 7×8 map — the published CNN's 2×2 map
 is too coarse and is refused with :class:`GradCamUnavailable`, as is the NVIDIA encoder's 1×18 strip
 of Udacity frames); one scalar output per target:
