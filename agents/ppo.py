@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import pickle
+import sys
 import zipfile
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
@@ -34,6 +35,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 from nsacdrive.agents.rollout import pedal_to_car_action
+from nsacdrive.common.progress import is_terminal
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, PrivilegedState, privileged_state
 
@@ -354,9 +356,11 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             callback_on_new_best=_new_best_saver(best_dir, config),
             verbose=0,
         ))
-    progress_bar = config.progress_bar and _progress_bar_available()
-    if config.progress_bar and not progress_bar:
+    progress_bar = config.progress_bar and _progress_bar_available() and is_terminal(sys.stdout)
+    if config.progress_bar and not _progress_bar_available():
         log("progress bar off: it needs both tqdm and rich installed")
+    elif config.progress_bar and not progress_bar:
+        log("progress bar off: output is not a terminal")
     try:
         model.learn(total_timesteps=config.timesteps, callback=callbacks or None, progress_bar=progress_bar,
                     reset_num_timesteps=not resume, tb_log_name="PPO")

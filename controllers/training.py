@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from nsacdrive.common.atomic import atomic_path, atomic_write_json
+from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.augment import colour_augment
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
@@ -193,7 +194,7 @@ class Trainer:
         loader = self._batches(self.train_set, epoch)
         n_batches = len(loader) if cfg.max_batches_per_epoch is None else min(len(loader), cfg.max_batches_per_epoch)
         totals: dict[str, float] = {}
-        with tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False) as bar:
+        with progress_bar(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False) as bar:
             for index, batch in enumerate(loader):
                 if index >= n_batches:
                     break

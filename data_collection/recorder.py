@@ -26,6 +26,7 @@ from nsacdrive.agents.registry import make_agent
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
+from nsacdrive.common.progress import progress_bar
 from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from nsacdrive.data_collection.manifest import write_manifest
 from nsacdrive.data_collection.udacity_layout import (
@@ -42,7 +43,6 @@ from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
 from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
 from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
 from nsacdrive.envs.udacity_style import SideCameraLog, UdacityStyleCarRacing, make_udacity_style
-from tqdm import tqdm
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
@@ -299,7 +299,7 @@ def collect(
     todo = [job for job in jobs if job not in existing]
     start = time.perf_counter()
     steps = 0
-    with tqdm(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
+    with progress_bar(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
         for sidecar in run_tasks(record_episode, [(job, str(out), layout) for job in todo], workers):
             steps += sidecar["n_steps"]
             write_index(out)

@@ -285,7 +285,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
     or unreadable images unless ``config.skip_missing``, and when ``out`` already holds an
     episode id this import would write. Every image is decoded once.
     """
-    from tqdm import tqdm
+    from nsacdrive.common.progress import progress_bar
 
     folder, out = Path(folder), Path(out)
     rows, header = read_driving_log(folder)
@@ -297,7 +297,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
     stage.mkdir(parents=True)
     try:
         writer = _EpisodeWriter(stage, folder, header, cameras, config)
-        for row in tqdm(rows, desc="importing", unit="row", disable=not progress):
+        for row in progress_bar(rows, desc="importing", unit="row", disable=not progress):
             images, row_problems = {}, []
             for camera in cameras:
                 image, reason = read_camera_image(folder, row.images[camera])

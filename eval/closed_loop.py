@@ -43,6 +43,7 @@ from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from nsacdrive.common.backends import run_tasks
+from nsacdrive.common.progress import progress_bar
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.car_racing import RENDERERS
@@ -50,7 +51,6 @@ from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, o
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 from nsacdrive.eval.modes import INFERENCE_MODES
-from tqdm import tqdm
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
@@ -483,7 +483,7 @@ def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str],
     tasks = _consecutive(todo, 2 if inference == "process" else 1, lambda group: group[0].run)  # groups in flight together
     args = [(groups, str(out_dir), max_steps, samples, cap, renderer, inference) for groups in tasks]
     results = run_tasks(_groups_worker, args, workers, backend=backend, address=address)
-    with tqdm(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
+    with progress_bar(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
               disable=not progress) as bar:
         for size in results:
             bar.update(size)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.controllers.checkpoint import read_config
 from nsacdrive.controllers.train_config import TrainConfig
@@ -124,7 +125,7 @@ class Dagger:
         self.out.mkdir(parents=True, exist_ok=True)
         self._check_config()
         rounds = []
-        for k in tqdm(range(1, self.config.rounds + 1), desc="dagger", unit="round", disable=not self.progress):
+        for k in progress_bar(range(1, self.config.rounds + 1), desc="dagger", unit="round", disable=not self.progress):
             rounds.append(self.run_round(k))
             if self.progress:
                 tqdm.write(f"round {k}: β={rounds[-1]['beta']:.3f}, {rounds[-1]['steps_recorded']} new steps, "
