@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from nsacdrive.agents.registry import make_agent
+from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import drive, termination_reason
 from nsacdrive.common.workers import single_threaded_worker
 from nsacdrive.envs.car_racing import make_car_racing
@@ -25,8 +25,9 @@ class EpisodeQuality:
     off_road_fraction: float
 
 
-def episode_quality(agent_spec: str, seed: int, colour_preset: str = "default") -> EpisodeQuality:
-    agent = make_agent(agent_spec)
+def episode_quality(agent_spec: str, seed: int, colour_preset: str = "default",
+                    agent_kinds: AgentKinds = AGENT_KINDS) -> EpisodeQuality:
+    agent = agent_kinds.make(agent_spec)
     # Agents that read pixels get the fast renderer (matches stock frames, bench/renderer.py).
     env = make_car_racing(colour_preset=colour_preset, render_observations=agent.needs_pixels, renderer="fast")
     score, lateral, off_road = 0.0, [], []
@@ -72,10 +73,13 @@ class QualityReport:
         return {"aggregate": self.aggregate(), "episodes": [asdict(e) for e in self.episodes]}
 
 
-def evaluate_agent(agent_spec: str, seeds: list[int], colour_preset: str = "default", workers: int = 1) -> QualityReport:
-    """Run ``agent_spec`` once on every seed (in ``workers`` processes) and collect quality figures."""
-    make_agent(agent_spec)  # fail fast on a bad spec
-    args = [(agent_spec, seed, colour_preset) for seed in seeds]
+def evaluate_agent(agent_spec: str, seeds: list[int], colour_preset: str = "default", workers: int = 1,
+                   agent_kinds: AgentKinds = AGENT_KINDS) -> QualityReport:
+    """Run ``agent_spec`` once on every seed (in ``workers`` processes) and collect quality figures.
+
+    ``agent_kinds``: the kinds the spec may name (a layer above passes its own table)."""
+    agent_kinds.make(agent_spec)  # fail fast on a bad spec
+    args = [(agent_spec, seed, colour_preset, agent_kinds) for seed in seeds]
     if workers <= 1:
         return QualityReport([episode_quality(*a) for a in args])
     context = multiprocessing.get_context("spawn")

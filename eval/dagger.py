@@ -29,6 +29,7 @@ from nsacdrive.controllers.checkpoint import read_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import MixingConfig, collect
+from nsacdrive.eval.agent_kinds import AGENT_KINDS
 from nsacdrive.eval.closed_loop import evaluate_closed_loop
 from tqdm import tqdm
 
@@ -111,7 +112,7 @@ class Dagger:
         mixing = MixingConfig(learner=f"controller:{self.run_dir(k - 1)}", beta=cfg.beta(k), source=f"dagger-round-{k}")
         seeds = round_seeds(self.seed_pool, cfg.episodes_per_round, cfg.seed, k)
         summary = collect("expert", seeds, self.data_dir(k), list(cfg.colour_presets), workers=cfg.workers, resume=True,
-                          max_steps=cfg.max_steps, progress=self.progress, mixing=mixing)
+                          max_steps=cfg.max_steps, progress=self.progress, mixing=mixing, agent_kinds=AGENT_KINDS)
         data = ",".join([self.init_config.data] + [str(self.data_dir(j)) for j in range(1, k + 1)])
         train_config = dataclasses.replace(self.init_config, data=data, init_from=str(self.run_dir(k - 1)),
                                            epochs=cfg.epochs_per_round, seed=cfg.seed + k,
