@@ -22,7 +22,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from nsacdrive.agents.registry import make_agent
+from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
@@ -96,6 +96,8 @@ class EpisodeJob:
     renderer: str = DEFAULT_RENDERER
     mixing: MixingConfig | None = None
     env: str = "carracing"
+    #: how to build the agents the specs name (not part of the episode: the specs are)
+    agent_kinds: AgentKinds = field(default=AGENT_KINDS, compare=False, repr=False)
 
     @property
     def episode_id(self) -> str:
@@ -183,8 +185,8 @@ def episode_from_steps(
 
 def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Drive one episode and return its arrays and sidecar metadata (nothing written)."""
-    agent = make_agent(job.agent)
-    learner = make_agent(job.mixing.learner) if job.mixing is not None else None
+    agent = job.agent_kinds.make(job.agent)
+    learner = job.agent_kinds.make(job.mixing.learner) if job.mixing is not None else None
     beta = job.mixing.beta if job.mixing is not None else 1.0
     env = job.make_env()
     rng = np.random.default_rng([job.noise.seed, job.track_seed])
@@ -248,12 +250,15 @@ def collect(
     mixing: MixingConfig | None = None,
     env: str = "carracing",
     layout: str = "episodes",
+    agent_kinds: AgentKinds = AGENT_KINDS,
 ) -> CollectionSummary:
     """Record ``agent`` on every (seed, preset); parallel workers, one progress bar.
 
     ``mixing``: record DAgger data (the agent labels, a learner drives part of the time).
     ``renderer``: the CarRacing frame renderer (default ``fast``); ``udacity-style`` draws its own
-    camera. ``env`` and ``layout``: see the module docstring."""
+    camera. ``env`` and ``layout``: see the module docstring. ``agent_kinds``: the kinds ``agent``
+    and the learner may name (:data:`nsacdrive.agents.registry.AGENT_KINDS` by default; a layer
+    above passes its own, e.g. with ``controller:RUN``); it travels with every job to the workers."""
     out = Path(out_dir)
     if env not in ENVS:
         raise ValueError(f"--env: expected one of {', '.join(ENVS)}, got {env!r}")
@@ -277,12 +282,12 @@ def collect(
         raise ValueError("--seeds: seeds listed twice")
     for preset in colour_presets:
         validate_preset(preset)
-    make_agent(agent)  # fail fast on a bad agent spec, before any worker starts
+    agent_kinds.make(agent)  # fail fast on a bad agent spec, before any worker starts
     if mixing is not None:
-        make_agent(mixing.learner)
+        agent_kinds.make(mixing.learner)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing, env) for preset in colour_presets for seed in seeds]
+    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing, env, agent_kinds) for preset in colour_presets for seed in seeds]
     out.mkdir(parents=True, exist_ok=True)
     if layout == "udacity":
         prepare_udacity_folder(out)

@@ -89,11 +89,13 @@ def collect(
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     from nsacdrive.data_collection.recorder import NoiseConfig
     from nsacdrive.data_collection.recorder import collect as run_collect
+    from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
     try:
         summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
                               workers=workers, resume=resume, max_steps=max_steps,
-                              renderer=renderer.value if renderer else None, env=env.value, layout=layout.value)
+                              renderer=renderer.value if renderer else None, env=env.value, layout=layout.value,
+                              agent_kinds=AGENT_KINDS)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -133,12 +135,13 @@ def expert_evaluate(
     """Score an agent on held-out tracks (render-free when it needs no pixels)."""
     from nsacdrive.agents.quality import evaluate_agent
     from nsacdrive.common.atomic import atomic_write_json
+    from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
     presets = _presets(colour_preset)
     if len(presets) != 1:
         raise typer.BadParameter("--colour-preset: give exactly one preset")
     try:
-        report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers)
+        report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers, agent_kinds=AGENT_KINDS)
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
