@@ -67,7 +67,6 @@ class NsacCarRacing(CarRacing):
         self.track_seed: int | None = None
         self.geometry: TrackGeometry | None = None
         self._seed_stream: np.random.Generator | None = None
-        self._blank_frame = np.zeros(self.observation_space.shape, dtype=np.uint8)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset onto the track of ``seed`` painted with the preset's scheme.
@@ -102,8 +101,13 @@ class NsacCarRacing(CarRacing):
 
     def _render(self, mode: str):
         if mode == "state_pixels":
-            return self.render_observation() if self.render_observations else self._blank_frame
+            return self.render_observation() if self.render_observations else self.blank_frame()
         return super()._render(mode)
+
+    def blank_frame(self) -> np.ndarray:
+        """A zero frame of the observation's shape, new on every call: users keep observations, and a
+        shared buffer changed by one would change them all (gymnasium's checker refuses it too)."""
+        return np.zeros(self.observation_space.shape, dtype=np.uint8)
 
     def render_observation(self) -> np.ndarray:
         """Draw the 96×96 state frame of the current state (with the configured renderer),
@@ -115,7 +119,7 @@ class NsacCarRacing(CarRacing):
         """
         if self._fast_renderer is not None:
             if "t" not in self.__dict__:
-                return self._blank_frame  # like stock: nothing to draw before the first reset
+                return self.blank_frame()  # like stock: nothing to draw before the first reset
             return self._fast_renderer.render(self)
         return super()._render("state_pixels")
 

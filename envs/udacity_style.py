@@ -51,14 +51,13 @@ class UdacityStyleCarRacing(NsacCarRacing):
         self.side_cameras = bool(side_cameras)
         self.camera = FrontCamera(camera)
         self.observation_space = spaces.Box(0, 255, camera.shape, dtype=np.uint8)
-        self._blank_frame = np.zeros(camera.shape, dtype=np.uint8)
 
     def render_camera(self, name: str = "center") -> np.ndarray:
         """The frame of camera ``name`` (``center``, ``left`` or ``right``) in the current state."""
         if name not in CAMERAS:
             raise ValueError(f"camera must be one of {', '.join(CAMERAS)}, got {name!r}")
         if self.car is None:
-            return self._blank_frame  # like stock: nothing to draw before the first reset
+            return self.blank_frame()  # like stock: nothing to draw before the first reset
         return self.camera.render(self, CAMERAS[name] * self.camera.config.side_offset)
 
     def render_observation(self) -> np.ndarray:

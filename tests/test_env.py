@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 from nsacdrive.envs import (
+    ENV_ID,
     STATE_FIELDS,
     ColourScheme,
     NsacCarRacing,
@@ -128,6 +132,34 @@ def test_render_free_observations_are_zero_frames():
     for action in action_sequence(5):
         obs, *_ = env.step(action)
         assert obs.shape == (96, 96, 3) and not obs.any()
+    env.close()
+
+
+@pytest.mark.parametrize("renderer", ["stock", "fast"])
+def test_render_free_observations_pass_gymnasiums_checker(renderer):
+    env = gym.make(ENV_ID, render_observations=False, renderer=renderer, max_episode_steps=50)
+    check_env(env.unwrapped, skip_render_check=True)  # asserts that no two calls share observation data
+    env.close()
+
+
+def test_render_free_env_made_by_id_raises_no_passive_checker_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        env = gym.make(ENV_ID, render_observations=False, max_episode_steps=50)  # passive checker on
+        env.reset(seed=0)
+        for action in action_sequence(3):
+            env.step(action)
+        env.close()
+
+
+def test_a_kept_render_free_observation_does_not_change_after_the_next_step():
+    env = make_car_racing(render_observations=False)
+    kept, _ = env.reset(seed=0)
+    kept[:] = 7  # a user marks (or normalises in place) the frame they keep
+    later, *_ = env.step(action_sequence(1)[0])
+    again, *_ = env.step(action_sequence(1)[0])
+    assert not later.any() and not again.any() and (kept == 7).all()
+    assert not np.shares_memory(later, again)
     env.close()
 
 

@@ -57,10 +57,11 @@ def reset_frames():
 # --------------------------------------------------------------------------- the env
 
 
-def test_env_checker_passes_without_warnings():
+@pytest.mark.parametrize("options", [{"side_cameras": True}, {"render_observations": False}], ids=["cameras", "render-free"])
+def test_env_checker_passes_without_warnings(options):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_env(make_udacity_style(side_cameras=True).unwrapped)
+        check_env(make_udacity_style(**options).unwrapped)
     assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
 
 
