@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from nsacdrive.common.config_checks import NON_NEGATIVE, UNIT_INTERVAL, check_fields
 
 _RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 _YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
@@ -27,11 +28,8 @@ class AugmentConfig:
     channel_gain: float = 0.1
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.probability <= 1.0:
-            raise ValueError(f"augment probability must lie in [0, 1], got {self.probability}")
-        for name in ("hue", "saturation", "contrast", "brightness", "channel_gain"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"augment {name} must be >= 0, got {getattr(self, name)}")
+        ranges = {"probability": UNIT_INTERVAL} | dict.fromkeys(("hue", "saturation", "contrast", "brightness", "channel_gain"), NON_NEGATIVE)
+        check_fields(self, "augment", ranges)
 
 
 def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch.Generator) -> torch.Tensor:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check_fields
 from torch import nn
 
 Mode = Literal["corrected", "reference"]
-MODES = ("corrected", "reference")
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,12 @@ class CircuitAttentionConfig:
     return_sequences: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        # types of every field, the subclasses' too; ranges of the shared ones
+        ranges = {**dict.fromkeys(("input_dim", "d_model", "num_heads", "topk"), AT_LEAST_ONE), "sparsity": UNIT_INTERVAL,
+                  "wiring_seed": NON_NEGATIVE, "tau_epsilon": POSITIVE, "dropout": Range(0, 1, high_open=True)}
+        check_fields(self, "attention config", ranges)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.input_dim < 1 or self.topk < 1:
-            raise ValueError(f"input_dim and topk must be >= 1, got {self.input_dim}, {self.topk}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
 
     @property
     def head_dim(self) -> int:

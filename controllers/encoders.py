@@ -23,9 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from nsacdrive.common.config_checks import AT_LEAST_ONE, check_fields
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE
 from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE
 from torch import nn
+
+GROUPS = 8  # GroupNorm groups of the "cnn" encoder
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,11 @@ class EncoderConfig:
     channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" only
 
     def __post_init__(self) -> None:
+        check_fields(self, "encoder", {"token_dim": AT_LEAST_ONE, "channels": AT_LEAST_ONE})
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
-        if self.token_dim < 1:
-            raise ValueError(f"token_dim must be >= 1, got {self.token_dim}")
+        if self.kind == "cnn" and any(c % GROUPS for c in self.channels[:2]):
+            raise ValueError(f"encoder channels: the first two must be multiples of {GROUPS} (GroupNorm groups), got {self.channels}")
 
     @property
     def frame_shape(self) -> tuple[int, int, int]:
@@ -89,8 +93,8 @@ class FrameEncoder(PerFrameEncoder):
         config = config or EncoderConfig()
         c1, c2, c3 = config.channels
         self.features = nn.Sequential(
-            nn.Conv2d(3, c1, 8, stride=4), nn.GroupNorm(8, c1), nn.ReLU(),
-            nn.Conv2d(c1, c2, 4, stride=2), nn.GroupNorm(8, c2), nn.ReLU(),
+            nn.Conv2d(3, c1, 8, stride=4), nn.GroupNorm(GROUPS, c1), nn.ReLU(),
+            nn.Conv2d(c1, c2, 4, stride=2), nn.GroupNorm(GROUPS, c2), nn.ReLU(),
             nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
         )
         with torch.no_grad():

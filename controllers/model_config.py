@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
 from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 
-#: The heads ``model`` may name; :data:`nsacdrive.controllers.registry.MODEL_BUILDERS` builds each one.
-MODEL_NAMES = ("nsac", "gmle", "nac", "levy", "mcdropout", "ensemble", "evidential", "sdenet")
+#: the numbers ModelConfig's numeric fields may take (their types come from the annotations)
+RANGES = {
+    **dict.fromkeys(("d_model", "num_heads", "topk", "train_samples", "predict_samples", "members", "sde_depth", "levy_frames"),
+                    AT_LEAST_ONE),
+    **dict.fromkeys(("bn_std", "lambda_reg", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
+    "levy_window": POSITIVE,
+    "dropout": Range(0, 1, high_open=True),
+}
 
 
 @dataclass(frozen=True)
@@ -19,11 +28,11 @@ class ModelConfig:
     """Everything that defines a controller's architecture (saved beside every checkpoint)."""
 
     model: str = "nsac"
-    encoder: EncoderConfig = None  # type: ignore[assignment]  # None → the observation kind's default encoder
+    encoder: EncoderConfig | None = None  # None → the observation kind's default encoder (set in __post_init__)
     d_model: int = 64
     num_heads: int = 16
     topk: int = 8
-    mode: str = "corrected"  # NSAC/NAC: corrected | reference
+    mode: Mode = "corrected"  # NSAC/NAC key selection: corrected | reference
     bn_std: float | None = None  # NSAC logit noise scale (None: 1.0 corrected, 0.1 reference)
     train_samples: int = 5  # MC draws per training step (NSAC, MC-Dropout)
     predict_samples: int = 20  # MC draws at prediction (NSAC, MC-Dropout, SDE-Net)
@@ -39,13 +48,12 @@ class ModelConfig:
     observation: str = DEFAULT_FRAME_KIND  # frames and preprocessing (envs/observation_kinds.py): carracing | udacity
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_NAMES:
-            raise ValueError(f"--model: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
+        check_fields(self, "model config", RANGES)
         kind = observation_kind(self.observation, "model config 'observation'")
         if self.encoder is None:
             object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
-        if isinstance(self.encoder, dict):
-            object.__setattr__(self, "encoder", EncoderConfig(**{**self.encoder, "channels": tuple(self.encoder.get("channels", (32, 64, 64)))}))
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
         if self.encoder.frame_shape != kind.frame_shape:
             raise ValueError(f"model config: encoder kind {self.encoder.kind!r} reads frames {self.encoder.frame_shape}, but observation "
                              f"{self.observation!r} gives {kind.frame_shape}; use encoder kind {kind.default_encoder!r} "
@@ -56,16 +64,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"model config: unknown fields {unknown}; known fields are {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "model config")
 
     def nsac_config(self) -> NSACConfig:
         return NSACConfig(input_dim=self.encoder.token_dim, d_model=self.d_model, num_heads=self.num_heads,
-                          topk=self.topk, mode=self.mode, bn_std=self.bn_std, output_dim=len(ACTION_NAMES))  # type: ignore[arg-type]
+                          topk=self.topk, mode=self.mode, bn_std=self.bn_std, output_dim=len(ACTION_NAMES))
 
     def nac_config(self, dropout: float = 0.0) -> NACConfig:
         return NACConfig(input_dim=self.encoder.token_dim, d_model=self.d_model, num_heads=self.num_heads,
-                         topk=self.topk, mode=self.mode, dropout=dropout)  # type: ignore[arg-type]
+                         topk=self.topk, mode=self.mode, dropout=dropout)

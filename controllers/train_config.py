@@ -6,10 +6,23 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
-from nsacdrive.data_collection.dataset import is_udacity_data
+from nsacdrive.data_collection.dataset import SeedSplit, is_udacity_data
+from nsacdrive.envs.colours import validate_preset
+
+#: the numbers TrainConfig's numeric fields may take (their types come from the annotations)
+RANGES = {
+    **dict.fromkeys(("sequence_length", "frame_stride", "batch_size", "epochs", "max_batches_per_epoch", "max_val_batches",
+                     "early_stopping_patience", "cache_episodes"), AT_LEAST_ONE),
+    **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
+    **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),
+    "plateau_factor": Range(0, 1, low_open=True, high_open=True),  # ReduceLROnPlateau needs 0 < factor < 1
+    "seed": Range(0, 2**63 - 1),  # numpy SeedSequence needs >= 0, torch.manual_seed < 2**64
+}
 
 
 @dataclass(frozen=True)
@@ -44,33 +57,45 @@ class TrainConfig:
     init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:
-        udacity_data = is_udacity_data(self.data)
-        if isinstance(self.model, dict):
-            model = {"observation": "udacity", **self.model} if udacity_data else self.model
-            object.__setattr__(self, "model", ModelConfig.from_dict(model))
-        if udacity_data and self.model.observation != "udacity":
+        if isinstance(self.model, dict) and isinstance(self.data, str) and is_udacity_data(self.data):
+            object.__setattr__(self, "model", ModelConfig.from_dict({"observation": "udacity", **self.model}))
+        check_fields(self, "training config", RANGES)
+        if is_udacity_data(self.data) and self.model.observation != "udacity":
             raise ValueError(f"data {self.data!r} is Udacity data, but model.observation is {self.model.observation!r}; "
                              "set it to 'udacity' (or leave it out)")
-        object.__setattr__(self, "train_presets", tuple(self.train_presets))
-        if isinstance(self.augment, dict):
-            object.__setattr__(self, "augment", AugmentConfig(**self.augment))
-        if isinstance(self.udacity_augment, dict):
-            object.__setattr__(self, "udacity_augment", UdacityAugmentConfig(**self.udacity_augment))
-        for name in ("sequence_length", "frame_stride", "batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.model.model == "levy" and self.model.levy_frames != self.sequence_length:
             raise ValueError(f"levy_frames ({self.model.levy_frames}) must equal sequence_length ({self.sequence_length})")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        self._check_split()
+        self._check_presets()
+        try:
+            if self.device != "auto":
+                torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"training config device must be 'auto' or a torch device (cpu, cuda, cuda:1 …), got {self.device!r}") from None
+
+    def _check_split(self) -> None:
+        """Explicit seed ranges must be disjoint (a validation or test track the model trained on
+        would score as held out); ``auto`` (all three) is split disjointly from the dataset later."""
+        ranges = (self.train_seeds, self.val_seeds, self.test_seeds)
+        if "auto" in ranges:
+            if set(ranges) != {"auto"}:
+                raise ValueError(f"training config train_seeds/val_seeds/test_seeds: give all three ranges or none ('auto'), "
+                                 f"got {ranges}")
+            return
+        SeedSplit.parse(*ranges)
+
+    def _check_presets(self) -> None:
+        if not self.train_presets:
+            raise ValueError("training config train_presets must name at least one colour preset, got []")
+        for preset in self.train_presets:
+            try:
+                validate_preset(preset)
+            except ValueError as exc:
+                raise ValueError(f"training config train_presets: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"training config: unknown fields {unknown}; known fields are {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "training config")

@@ -54,10 +54,8 @@ from tqdm import tqdm
 
 def resolve_split(config: TrainConfig) -> TrainConfig:
     """Replace ``auto`` seed ranges by explicit, disjoint ones taken from the dataset."""
-    if "auto" not in (config.train_seeds, config.val_seeds, config.test_seeds):
+    if config.train_seeds != "auto":  # TrainConfig holds all three explicit ranges or all three 'auto'
         return config
-    if {config.train_seeds, config.val_seeds, config.test_seeds} != {"auto"}:
-        raise ValueError("train/val/test seeds: give all three ranges or none ('auto')")
     seeds = sorted({int(r.sidecar["track_seed"]) for r in load_episode_records(Path(config.data), None, "raise")})
     if len(seeds) < 3:
         raise ValueError(f"{config.data}: an automatic split needs >= 3 track seeds, found {len(seeds)} "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+from nsacdrive.common.config_checks import NON_NEGATIVE, UNIT_INTERVAL, check_fields
 
 CAMERA_STEER_OFFSETS = {"center": 0.0, "left": 1.0, "right": -1.0}  # × camera_offset
 
@@ -41,13 +42,8 @@ class UdacityAugmentConfig:
     brightness: tuple[float, float] = (0.8, 1.2)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shadow_lightness", tuple(self.shadow_lightness))
-        object.__setattr__(self, "brightness", tuple(self.brightness))
-        if not 0.0 <= self.probability <= 1.0:
-            raise ValueError(f"udacity_augment probability must lie in [0, 1], got {self.probability}")
-        for name in ("camera_offset", "translate_x", "translate_y", "steer_per_pixel"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"udacity_augment {name} must be >= 0, got {getattr(self, name)}")
+        non_negative = ("camera_offset", "translate_x", "translate_y", "steer_per_pixel", "shadow_lightness", "brightness")
+        check_fields(self, "udacity_augment", {"probability": UNIT_INTERVAL} | dict.fromkeys(non_negative, NON_NEGATIVE))
         for name in ("shadow_lightness", "brightness"):
             low, high = getattr(self, name)
             if not 0 <= low <= high:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
@@ -56,14 +56,15 @@ class SeedSplit:
         for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
             shared = getattr(self, a) & getattr(self, b)
             if shared:
-                raise DatasetError(f"seed split: {a} and {b} share track seeds {sorted(shared)[:10]}")
+                raise DatasetError(f"seed split: {a}_seeds and {b}_seeds share track seeds {format_seeds(shared)}; "
+                                   "a track belongs to one split only")
 
     @classmethod
     def parse(cls, train: str, val: str, test: str) -> "SeedSplit":
         return cls(
-            frozenset(parse_seeds(train, "train seeds")),
-            frozenset(parse_seeds(val, "val seeds")),
-            frozenset(parse_seeds(test, "test seeds")),
+            frozenset(parse_seeds(train, "train_seeds")),
+            frozenset(parse_seeds(val, "val_seeds")),
+            frozenset(parse_seeds(test, "test_seeds")),
         )
 
     def seeds(self, split: Literal["train", "val", "test"]) -> frozenset[int]:

@@ -168,9 +168,9 @@ def test_seed_split_gives_disjoint_datasets(small):
 @pytest.mark.parametrize(
     ("train", "val", "test", "message"),
     [
-        ("0-4", "4-5", "6", r"train and val share track seeds \[4\]"),
-        ("0-4", "5", "2,3", r"train and test share track seeds \[2, 3\]"),
-        ("0", "1-3", "3", r"val and test share track seeds \[3\]"),
+        ("0-4", "4-5", "6", r"train_seeds and val_seeds share track seeds 4;"),
+        ("0-4", "5", "2,3", r"train_seeds and test_seeds share track seeds 2-3;"),
+        ("0", "1-3", "3", r"val_seeds and test_seeds share track seeds 3;"),
     ],
 )
 def test_seed_split_rejects_overlap(train, val, test, message):
@@ -179,7 +179,7 @@ def test_seed_split_rejects_overlap(train, val, test, message):
 
 
 def test_seed_split_errors():
-    with pytest.raises(ValueError, match="^val seeds: "):
+    with pytest.raises(ValueError, match="^val_seeds: "):
         SeedSplit.parse("0-3", "x", "5")
     with pytest.raises(DatasetError, match="split must be train, val or test"):
         SeedSplit.parse("0", "1", "2").seeds("holdout")  # type: ignore[arg-type]

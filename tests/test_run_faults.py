@@ -73,3 +73,31 @@ def test_a_nan_validation_loss_stops_training_naming_the_validation_batch(tiny_d
     monkeypatch.setattr(trainer.model, "training_loss", nan_in_eval_mode)
     with pytest.raises(TrainingDiverged, match=r"epoch 1, validation batch 1: the loss is nan.*ep1\.json \(track seed 1"):
         trainer.fit()
+
+
+@pytest.mark.parametrize(("seeds", "message"), [
+    (("0-3", "3", "4"), "train_seeds and val_seeds share track seeds 3;"),
+    (("0-3", "4", "0"), "train_seeds and test_seeds share track seeds 0;"),
+    (("0-1", "2-4", "4-5"), "val_seeds and test_seeds share track seeds 4;"),
+])
+def test_overlapping_seed_splits_are_rejected_naming_both_fields_and_the_shared_seeds(seeds, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(data="d", train_seeds=seeds[0], val_seeds=seeds[1], test_seeds=seeds[2])
+
+
+def test_an_unknown_train_preset_is_rejected_naming_the_field_and_the_known_presets():
+    with pytest.raises(ValueError, match=r"train_presets: unknown colour preset 'shift3'; expected one of default, shift-1"):
+        TrainConfig(data="d", train_presets=("default", "shift3"))
+
+
+def test_evaluate_offline_refuses_a_run_whose_test_seeds_are_training_tracks(tiny_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    Trainer(tiny_config(tiny_data, epochs=1, max_batches_per_epoch=1), tmp_path / "run", progress=False).fit()
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "train_seeds": "0,2", "test_seeds": "0"}))
+    result = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "run"), "--data", str(tiny_data), "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2
+    assert "config.json: not a valid training config (seed split: train_seeds and test_seeds share track seeds 0;" in result.output
