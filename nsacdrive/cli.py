@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
@@ -21,6 +22,7 @@ from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.colours import list_presets
 from nsacdrive.eval.modes import INFERENCE_MODES, OFFLINE_SPLITS
 from nsacdrive.options import choice, split_names
+from nsacdrive.outputs import check_output_file, check_output_folder
 from nsacdrive.udacity_cli import udacity_app
 
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
@@ -36,7 +38,25 @@ Inference = choice("Inference", INFERENCE_MODES)
 Split = choice("Split", OFFLINE_SPLITS)
 PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
+
+
+class OneLineOSErrors(TyperGroup):
+    """The root command: an OSError anywhere in a subcommand (a read-only or full disk, a file
+    where a folder should be) ends it with one ``error: ...`` line and exit code 2, no traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise  # `nsacdrive ... | head`: click exits quietly
+        except OSError as exc:
+            reason = f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
+            typer.secho(f"error: {reason}", fg="red", err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=OneLineOSErrors,
     help="nsacdrive: uncertainty-aware, interpretable driving control judged in closed loop.",
     no_args_is_help=True,
     add_completion=False,
@@ -87,6 +107,7 @@ def collect(
     layout: Layout = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
+    check_output_folder(out)
     from nsacdrive.data_collection.recorder import NoiseConfig
     from nsacdrive.data_collection.recorder import collect as run_collect
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
@@ -133,6 +154,8 @@ def expert_evaluate(
     out: Optional[Path] = typer.Option(None, "--out", help="Write per-episode results as JSON here."),
 ) -> None:
     """Score an agent on held-out tracks (render-free when it needs no pixels)."""
+    if out is not None:
+        check_output_file(out)
     from nsacdrive.agents.quality import evaluate_agent
     from nsacdrive.common.atomic import atomic_write_json
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
@@ -169,6 +192,7 @@ def expert_train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:
     """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
+    check_output_folder(out)
     from nsacdrive.agents.ppo import PPOConfig, train_ppo
 
     overrides: dict = {"seed": seed, "eval_freq": eval_freq, "eval_episodes": eval_episodes, "progress_bar": progress}
@@ -195,6 +219,8 @@ def human_drive(
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
 ) -> None:
     """Play CarRacing with the arrow keys (or a gamepad); R restarts, Q/Esc quits."""
+    if record is not None:
+        check_output_folder(record, "--record")
     from nsacdrive.data_collection.human import record_human
 
     try:
@@ -224,6 +250,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
 ) -> None:
     """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
+    check_output_folder(out)
     from nsacdrive.controllers.train_config import TrainConfig
     from nsacdrive.controllers.training import Trainer
 
@@ -261,6 +288,7 @@ def evaluate_offline(
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean and colour-perturbed."""
+    check_output_folder(out)
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
 
@@ -300,6 +328,7 @@ def closed_loop_eval(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
+    check_output_folder(out)
     from nsacdrive.eval.closed_loop import evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
@@ -336,6 +365,7 @@ def plot(
     from nsacdrive.eval.video import write_episode_video
 
     out = out if out is not None else eval_dir / "figures"
+    check_output_folder(out)
     try:
         load_aggregates(eval_dir)  # validate the folder before writing anything
         records = load_records(eval_dir)
@@ -371,6 +401,7 @@ def report(
     perturbation: Optional[str] = typer.Option(None, "--perturbation", help=f"Colour preset of the perturbed Grad-CAM frames, one of {PRESETS} (default: the evaluation's first non-default preset, else shift-3)."),
 ) -> None:
     """Static HTML report: closed-loop and offline tables, Grad-CAM with a sanity check, neuron-level potentials."""
+    check_output_folder(out)
     from nsacdrive.eval.explain.report import ReportConfig, write_report
 
     if perturbation is not None:
@@ -409,6 +440,7 @@ def dagger(
     seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
 ) -> None:
     """DAgger: the learner drives, the privileged expert labels, the controller is fine-tuned; resumable."""
+    check_output_folder(out)
     from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
     try:

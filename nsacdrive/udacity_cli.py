@@ -9,6 +9,7 @@ import typer
 
 from nsacdrive.eval.modes import THROTTLE_MODES
 from nsacdrive.options import choice
+from nsacdrive.outputs import check_output_file, check_output_folder
 
 Throttle = choice("Throttle", THROTTLE_MODES)
 udacity_app = typer.Typer(help="Udacity-simulator-style data and driving: import recordings, serve the simulator.",
@@ -25,12 +26,13 @@ def import_recording(
     episode_length: int = typer.Option(200, "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
 ) -> None:
     """Import a Udacity simulator recording as episodes (source udacity-import) for `nsacdrive train`."""
+    check_output_folder(out)
     from nsacdrive.data_collection.udacity_import import ImportConfig, UdacityImportError
     from nsacdrive.data_collection.udacity_import import import_recording as run_import
 
     try:
         result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing), progress=True)
-    except (UdacityImportError, OSError) as exc:
+    except UdacityImportError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     for problem in result.problems:
@@ -52,6 +54,8 @@ def serve(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
 ) -> None:
     """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
+    if log is not None:
+        check_output_file(log, "--log")
     import logging
 
     from nsacdrive.controllers.checkpoint import CheckpointError

@@ -350,3 +350,103 @@ def test_the_command_line_starts_without_importing_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- outputs checked up front, OSErrors in one line
+
+
+def _writing_commands(tmp_path: Path, out: Path) -> list[list]:
+    """Every command that writes a folder, with ``out`` as that folder (other arguments need not exist)."""
+    missing = tmp_path / "missing"
+    return [
+        ["collect", "--seeds", "0", "--out", out],
+        ["expert", "train", "--out", out],
+        ["drive", "--record", out],
+        ["train", "--data", missing, "--out", out],
+        ["evaluate-offline", missing, "--data", missing, "--out", out],
+        ["eval", missing, "--out", out],
+        ["plot", missing, "--out", out],
+        ["report", missing, "--out", out],
+        ["dagger", "--init", missing, "--out", out],
+        ["udacity", "import", missing, "--out", out],
+    ]
+
+
+def _fail_if_work_starts(monkeypatch):
+    def work(*args, **kwargs):
+        raise AssertionError("the command started working")
+
+    import nsacdrive.data_collection.recorder as recorder
+    import nsacdrive.eval.closed_loop as closed_loop
+    import nsacdrive.eval.offline as offline
+
+    monkeypatch.setattr(recorder, "collect", work)
+    monkeypatch.setattr(closed_loop, "evaluate_closed_loop", work)
+    monkeypatch.setattr(offline, "evaluate_run", work)
+
+
+WRITING_COMMANDS = ["collect", "expert-train", "drive", "train", "evaluate-offline", "eval", "plot", "report", "dagger",
+                    "udacity-import"]
+
+
+@pytest.mark.parametrize("index", range(len(WRITING_COMMANDS)), ids=WRITING_COMMANDS)
+def test_an_out_that_is_a_file_fails_in_one_line_before_any_work(tmp_path, monkeypatch, index):
+    _fail_if_work_starts(monkeypatch)
+    target = tmp_path / "taken"
+    target.write_text("a file, not a folder")
+    command = _writing_commands(tmp_path, target)[index]
+    result = invoke(*command)
+    assert result.exit_code == 2
+    option = "--record" if "--record" in command else "--out"
+    assert result.output.strip() == f"error: {option}: {target} is a file, expected a folder"
+    assert target.read_text() == "a file, not a folder"
+
+
+@pytest.mark.parametrize("index", range(len(WRITING_COMMANDS)), ids=WRITING_COMMANDS)
+def test_an_out_below_a_file_fails_in_one_line(tmp_path, monkeypatch, index):
+    _fail_if_work_starts(monkeypatch)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    command = _writing_commands(tmp_path, blocker / "sub" / "out")[index]
+    result = invoke(*command)
+    assert result.exit_code == 2
+    assert result.output.strip().endswith(f"{blocker / 'sub' / 'out'} cannot be created: {blocker} is a file")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_read_only_out_fails_in_one_line_and_creates_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import nsacdrive.outputs as outputs
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    _fail_if_work_starts(monkeypatch)
+    monkeypatch.setattr(outputs.tempfile, "TemporaryFile", read_only)
+    result = invoke("eval", tmp_path / "run", "--out", tmp_path / "evaluation")
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: --out: cannot write in {tmp_path} (Read-only file system)"
+    assert not (tmp_path / "evaluation").exists()
+
+
+@pytest.mark.parametrize(("command", "option"), [(["expert", "evaluate", "--out"], "--out"),
+                                                 (["udacity", "serve", "run", "--log"], "--log")])
+def test_a_file_output_that_is_a_folder_fails_in_one_line(tmp_path, command, option):
+    result = invoke(*command, tmp_path)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {option}: {tmp_path} is a folder, expected a file"
+
+
+def test_an_os_error_inside_a_command_is_one_error_line_not_a_traceback(tmp_path, monkeypatch):
+    import errno
+
+    import nsacdrive.data_collection.recorder as recorder
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "manifest.json"))
+
+    monkeypatch.setattr(recorder, "collect", full_disk)
+    result = invoke("collect", "--seeds", "0", "--out", tmp_path / "out", "--workers", "1")
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {tmp_path / 'out' / 'manifest.json'}: No space left on device"
