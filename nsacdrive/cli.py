@@ -91,6 +91,20 @@ def _presets(text: str) -> list[str]:
         raise typer.BadParameter(f"--colour-preset: {exc}") from None
 
 
+def _check_runs_load(runs: list[Path]) -> None:
+    """Load every run once (config and weights) before any driving or computing: a mistyped,
+    incomplete or corrupt run folder is an error now, not a failed row in a summary later."""
+    from nsacdrive.controllers.checkpoint import CheckpointError
+    from nsacdrive.controllers.run import load_run
+
+    for run in runs:
+        try:
+            load_run(run)
+        except CheckpointError as exc:
+            typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+
+
 @app.command()
 def collect(
     out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
@@ -294,6 +308,7 @@ def evaluate_offline(
 
     if colour_preset is not None:
         _presets(colour_preset)
+    _check_runs_load(runs)
     try:
         results = []
         for run in runs:
@@ -333,6 +348,7 @@ def closed_loop_eval(
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
+    _check_runs_load(runs)
     try:
         rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
                                     workers=workers, samples=samples, cap=throttle_cap, resume=resume,

@@ -450,3 +450,63 @@ def test_an_os_error_inside_a_command_is_one_error_line_not_a_traceback(tmp_path
     result = invoke("collect", "--seeds", "0", "--out", tmp_path / "out", "--workers", "1")
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {tmp_path / 'out' / 'manifest.json'}: No space left on device"
+
+
+# --------------------------------------------------------------------------- runs that cannot load fail up front
+
+
+@pytest.fixture(scope="module")
+def loadable_run(tmp_path_factory) -> Path:
+    """A run folder with a tiny GMLE config and freshly initialised weights (never trained). Read-only."""
+    from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
+    from nsacdrive.controllers.encoders import EncoderConfig
+    from nsacdrive.controllers.model_config import ModelConfig
+    from nsacdrive.controllers.registry import build_controller
+    from nsacdrive.controllers.train_config import TrainConfig
+
+    run = tmp_path_factory.mktemp("runs") / "gmle"
+    model = ModelConfig(model="gmle", encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
+    config = TrainConfig(data="data", model=model, train_seeds="0", val_seeds="1", test_seeds="2")
+    run.mkdir()
+    write_config(run, config.to_dict())
+    save_weights(build_controller(model), run / WEIGHTS_FILE)
+    return run
+
+
+def _broken_run(kind: str, good: Path, tmp_path: Path) -> tuple[Path, str]:
+    """(run folder, expected reason) of a run broken in one way."""
+    run = tmp_path / "broken"
+    if kind == "missing folder":
+        return tmp_path / "mistyped", "run folder does not exist"
+    shutil.copytree(good, run)
+    if kind == "missing config":
+        (run / "config.json").unlink()
+        return run, "config.json: config file is missing"
+    if kind == "missing weights":
+        (run / "model.safetensors").unlink()
+        return run, "model.safetensors: weights file is missing"
+    (run / "model.safetensors").write_bytes(b"not a safetensors file")
+    return run, "model.safetensors"
+
+
+RUN_FAULTS = ["missing folder", "missing config", "missing weights", "corrupt weights"]
+
+
+@pytest.mark.parametrize("kind", RUN_FAULTS)
+def test_eval_of_a_run_that_cannot_load_fails_before_driving(loadable_run, tmp_path, monkeypatch, kind):
+    _fail_if_work_starts(monkeypatch)
+    run, reason = _broken_run(kind, loadable_run, tmp_path)
+    result = invoke("eval", loadable_run, run, "--seeds", "0", "--out", tmp_path / "evaluation")
+    assert result.exit_code == 2
+    text = result.output.strip()
+    assert text.startswith(f"error: cannot load run {run}: ") and reason in text and len(text.splitlines()) == 1
+    assert not (tmp_path / "evaluation").exists()
+
+
+@pytest.mark.parametrize("kind", RUN_FAULTS)
+def test_evaluate_offline_of_a_run_that_cannot_load_fails_before_computing(loadable_run, tmp_path, monkeypatch, kind):
+    _fail_if_work_starts(monkeypatch)
+    run, reason = _broken_run(kind, loadable_run, tmp_path)
+    result = invoke("evaluate-offline", loadable_run, run, "--data", tmp_path, "--out", tmp_path / "table")
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: cannot load run {run}: ") and reason in result.output

@@ -78,9 +78,9 @@ def test_unknown_backend_or_stray_address_is_refused(tmp_path):
     assert result.exit_code == 2 and "'--backend'" in text and "'dask' is not one of 'process', 'ray'" in text
 
 
-def test_missing_ray_says_how_to_install_the_extra(tmp_path, monkeypatch):
+def test_missing_ray_says_how_to_install_the_extra(trained_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'nsacdrive\[ray\]'"):
         run_tasks(square_and_threads, [(1,)], workers=2, backend="ray")
-    result = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--backend", "ray", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(app, ["eval", str(trained_run), "--backend", "ray", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and RAY_MISSING in normalize(result.output)
