@@ -126,21 +126,35 @@ def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterabl
     wanted = None if seeds is None else set(int(s) for s in seeds)
     presets = None if colour_presets is None else set(colour_presets)
     records = []
-    for path in (path for folder in roots for path in sidecar_paths(folder)):
-        try:
-            sidecar, arrays = load_episode_arrays(path, include_observations=False)
-            _check_speed(arrays["speed"], path.parent / sidecar["file"])
-        except EpisodeFileError as exc:
-            if on_error == "raise":
-                raise
-            warnings.warn(f"skipping episode: {exc}", stacklevel=2)
-            continue
-        if wanted is not None and int(sidecar["track_seed"]) not in wanted:
-            continue
-        if presets is not None and sidecar["colour_preset"] not in presets:
-            continue
-        records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"]))
+    for folder in roots:
+        claimed = set()  # episode files some sidecar names (or would name, when it is unreadable)
+        for path in sidecar_paths(folder):
+            claimed.add(path.with_suffix(".npz").name)
+            try:
+                sidecar, arrays = load_episode_arrays(path, include_observations=False)
+                _check_speed(arrays["speed"], path.parent / sidecar["file"])
+            except EpisodeFileError as exc:
+                if on_error == "raise":
+                    raise
+                warnings.warn(f"skipping episode: {exc}", stacklevel=2)
+                continue
+            claimed.add(sidecar["file"])
+            if wanted is not None and int(sidecar["track_seed"]) not in wanted:
+                continue
+            if presets is not None and sidecar["colour_preset"] not in presets:
+                continue
+            records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"]))
+        _warn_about_orphans(folder, claimed)
     return records
+
+
+def _warn_about_orphans(folder: Path, claimed: set[str]) -> None:
+    """An episode file without its JSON sidecar is not part of the dataset: say so, naming the
+    first few, rather than leave it out silently."""
+    orphans = sorted(p.name for p in folder.glob("*.npz") if p.name not in claimed and not p.name.startswith("."))
+    if orphans:
+        named = ", ".join(orphans[:3]) + (f" and {len(orphans) - 3} more" if len(orphans) > 3 else "")
+        warnings.warn(f"{folder}: ignoring {len(orphans)} episode file(s) without a JSON sidecar: {named}", stacklevel=3)
 
 
 def _check_speed(speed: np.ndarray, data_path: Path) -> None:

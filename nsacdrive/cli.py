@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,11 +41,14 @@ PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 
 
-class OneLineOSErrors(TyperGroup):
-    """The root command: an OSError anywhere in a subcommand (a read-only or full disk, a file
-    where a folder should be) ends it with one ``error: ...`` line and exit code 2, no traceback."""
+class RootCommand(TyperGroup):
+    """The ``nsacdrive`` group, speaking in one-line messages around every subcommand: an OSError
+    (a read-only or full disk, a file where a folder should be) ends it with ``error: ...`` and exit
+    code 2 instead of a traceback, and a library warning prints as ``warning: ...``."""
 
     def invoke(self, ctx: typer.Context) -> Any:
+        formatwarning = warnings.formatwarning
+        warnings.formatwarning = _one_line_warning
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
@@ -53,10 +57,16 @@ class OneLineOSErrors(TyperGroup):
             reason = f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
             typer.secho(f"error: {reason}", fg="red", err=True)
             raise typer.Exit(2) from None
+        finally:
+            warnings.formatwarning = formatwarning
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    return f"warning: {message}\n"
 
 
 app = typer.Typer(
-    cls=OneLineOSErrors,
+    cls=RootCommand,
     help="nsacdrive: uncertainty-aware, interpretable driving control judged in closed loop.",
     no_args_is_help=True,
     add_completion=False,

@@ -195,6 +195,17 @@ def test_data_info_counts_several_episodes(tmp_path):
     assert info["colour_presets"] == {"default": 2, "shift-2": 2}
 
 
+def test_data_info_warns_in_one_line_about_episode_files_without_a_sidecar(cli_dataset, tmp_path):
+    out = _copy(cli_dataset[1], tmp_path / "data")
+    write_synthetic(out, "lost", 10, track_seed=99, textured=False)
+    (out / "lost.json").unlink()
+    result = subprocess.run([sys.executable, "-m", "nsacdrive.cli", "data", "info", out, "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"warning: {out}: ignoring 1 episode file(s) without a JSON sidecar: lost.npz\n"
+    assert json.loads(result.stdout)["episodes"] == 1
+
+
 # --------------------------------------------------------------------------- expert evaluate (argument errors only)
 
 

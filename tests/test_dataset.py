@@ -408,6 +408,39 @@ def test_manifest_and_hidden_files_are_not_episodes(small, tmp_path):
     assert [r.sidecar_path.name for r in ds.episodes] == ["only.json"]
 
 
+def test_an_episode_file_without_its_sidecar_is_named_in_a_warning(tmp_path):
+    write_synthetic(tmp_path, "kept", 8, track_seed=3)
+    for name in ("lost_a", "lost_b"):
+        write_synthetic(tmp_path, name, 8, track_seed=4)
+        (tmp_path / f"{name}.json").unlink()
+    with pytest.warns(UserWarning, match=r"ignoring 2 episode file\(s\) without a JSON sidecar: lost_a\.npz, lost_b\.npz$"):
+        ds = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0)
+    assert [r.sidecar_path.name for r in ds.episodes] == ["kept.json"]
+
+
+def test_many_orphaned_episode_files_are_counted_and_the_first_named(tmp_path):
+    for k in range(5):
+        write_synthetic(tmp_path, f"lost{k}", 4, track_seed=k, textured=False)
+        (tmp_path / f"lost{k}.json").unlink()
+    with pytest.warns(UserWarning, match=r"ignoring 5 episode file\(s\) .*: lost0\.npz, lost1\.npz, lost2\.npz and 2 more$"):
+        with pytest.raises(DatasetError, match="no episodes found"):
+            summarize(tmp_path)
+
+
+def test_an_episode_file_named_by_another_sidecar_or_by_an_unreadable_one_is_no_orphan(tmp_path):
+    write_synthetic(tmp_path, "one", 8, track_seed=3)
+    (tmp_path / "one.npz").rename(tmp_path / "renamed.npz")
+    sidecar = json.loads((tmp_path / "one.json").read_text())
+    (tmp_path / "one.json").write_text(json.dumps({**sidecar, "file": "renamed.npz"}))
+    (tmp_path / "broken.npz").write_bytes(b"x")
+    (tmp_path / "broken.json").write_text("{oops")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0, on_error="skip")
+    assert [r.sidecar_path.name for r in ds.episodes] == ["one.json"]
+    assert not [w for w in caught if "without a JSON sidecar" in str(w.message)]
+
+
 # --------------------------------------------------------------------------- summarize
 
 
