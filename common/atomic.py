@@ -6,9 +6,11 @@ a half-written file. Temporary files carry the suffix ``.partial`` so a resume c
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,6 +71,32 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def remove_abandoned_stages(parent: str | os.PathLike[str], prefix: str, suffix: str = PARTIAL_SUFFIX) -> int:
+    """Delete ``parent/{prefix}.{pid}{suffix}`` (a job's staging folder or file) whose process
+    ``pid`` no longer runs: what a killed job left behind. Stages of running jobs stay; returns
+    how many were removed."""
+    removed = 0
+    for stage in Path(parent).glob(f"{glob.escape(prefix)}.*{glob.escape(suffix)}"):
+        pid = stage.name[len(prefix) + 1 : len(stage.name) - len(suffix)]
+        if pid.isdigit() and not _is_running(int(pid)):
+            if stage.is_dir():
+                shutil.rmtree(stage, ignore_errors=True)
+            else:
+                stage.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
 
 
 def remove_partial_files(folder: str | os.PathLike[str]) -> int:

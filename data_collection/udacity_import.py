@@ -48,7 +48,7 @@ from typing import Any
 
 import cv2
 import numpy as np
-from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json, remove_abandoned_stages
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
@@ -60,6 +60,7 @@ CAMERAS = tuple(CAMERA_ARRAYS)  # center, left, right: the log's first three col
 LOG_COLUMNS = (*CAMERAS, "steering", "throttle", "brake", "speed")
 DEFAULT_EPISODE_LENGTH = 200
 CACHE_NAME = ".nsacdrive-import"
+STALE_SUFFIX = ".stale"  # a replaced cache, deleted once the new one is in place
 STAMP_NAME = ".import.json"  # hidden: sidecar_paths never mistakes it for an episode
 IMPORT_VERSION = 1
 
@@ -292,6 +293,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
     cameras = tuple(c for c in CAMERAS if any(row.images[c] for row in rows))
     problems: list[ImageProblem] = []
     bad_rows = 0
+    remove_abandoned_stages(out.parent, f".{out.name}")  # an import into ``out`` that was killed
     stage = out.parent / f".{out.name}.{os.getpid()}{PARTIAL_SUFFIX}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
@@ -358,12 +360,14 @@ def udacity_dataset(folder: str | Path) -> Path:
     stamp = {"log_sha256": log_sha256(folder), "importer_version": IMPORT_VERSION, "episode_length": DEFAULT_EPISODE_LENGTH}
     if _read_stamp(cache) == stamp:
         return cache
+    remove_abandoned_stages(folder, CACHE_NAME)  # caches a killed process was building or replacing
+    remove_abandoned_stages(folder, CACHE_NAME, STALE_SUFFIX)
     building = folder / f"{CACHE_NAME}.{os.getpid()}{PARTIAL_SUFFIX}"
     try:
         shutil.rmtree(building, ignore_errors=True)
         import_recording(folder, building, ImportConfig(episode_length=DEFAULT_EPISODE_LENGTH), progress=True)
         atomic_write_json(building / STAMP_NAME, stamp)
-        stale = folder / f"{CACHE_NAME}.{os.getpid()}.stale"
+        stale = folder / f"{CACHE_NAME}.{os.getpid()}{STALE_SUFFIX}"
         if cache.exists():
             os.rename(cache, stale)
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +191,33 @@ def test_second_import_into_the_same_folder_needs_other_seeds(tmp_path):
     import_recording(rec.folder, tmp_path / "out", ImportConfig(first_seed=100))
     assert [s["track_seed"] for s, _ in episodes(tmp_path / "out")] == [0, 100]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["n_episodes"] == 2
+
+
+def _finished_pid() -> int:
+    """The pid of a process that has already ended."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(child.stdout)
+
+
+def test_an_import_removes_the_staging_folder_a_killed_import_left_and_keeps_a_running_ones(tmp_path):
+    rec = write_recording(tmp_path / "rec", rows=4)
+    killed = tmp_path / f".out.{_finished_pid()}.partial"
+    running = tmp_path / f".out.{os.getppid()}.partial"  # pytest's parent process: alive
+    for stage in (killed, running):
+        stage.mkdir()
+        (stage / "udacity_seed000000.npz").write_bytes(b"half written")
+    import_recording(rec.folder, tmp_path / "out")
+    assert not killed.exists() and running.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, "out", "rec"])
+
+
+def test_the_import_cache_is_rebuilt_without_the_leftovers_of_a_killed_build(tmp_path):
+    rec = write_recording(tmp_path / "rec", rows=4)
+    pid = _finished_pid()
+    for leftover in (f"{CACHE_NAME}.{pid}.partial", f"{CACHE_NAME}.{pid}.stale"):
+        (rec.folder / leftover).mkdir()
+    assert udacity_dataset(rec.folder) == rec.folder / CACHE_NAME
+    assert not [p.name for p in rec.folder.iterdir() if p.name.startswith(CACHE_NAME + ".")]
 
 
 def test_import_config_is_validated():
