@@ -51,6 +51,64 @@ ENVS = ("carracing", "udacity-style")
 LAYOUTS = ("episodes", "udacity")
 
 
+def recording_renderer(env: str, layout: str, renderer: str | None, where: str) -> str:
+    """Check that ``env``, ``layout`` and ``renderer`` go together; returns the renderer the frames are
+    drawn with: the front camera's own for ``udacity-style``, a CarRacing one (None: ``fast``) otherwise.
+
+    :param where: the config named in errors, e.g. ``collect config``
+    """
+    if env not in ENVS:
+        raise ValueError(f"{where} env: expected one of {', '.join(ENVS)}, got {env!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"{where} layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "udacity" and env != "udacity-style":
+        raise ValueError(f"{where} layout 'udacity' needs env 'udacity-style' (the Udacity layout holds 320×160 camera frames)")
+    if env == "udacity-style":
+        if renderer not in (None, FRONT_CAMERA_RENDERER):
+            raise ValueError(f"{where} renderer: the udacity-style env draws its own front camera; {renderer!r} is for env 'carracing'")
+        return FRONT_CAMERA_RENDERER
+    renderer = DEFAULT_RENDERER if renderer is None else renderer
+    if renderer not in RENDERERS:
+        raise ValueError(f"{where} renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
+    return renderer
+
+
+def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: str,
+                       render_mode: str | None = None) -> gymnasium.Env:
+    """The env a recording drives: ``udacity-style`` records its side cameras too (in a
+    :class:`SideCameraLog`); ``carracing`` draws its frames with ``renderer``. ``render_mode``: gymnasium's."""
+    if env == "udacity-style":
+        return SideCameraLog(make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_steps,
+                                                side_cameras=True, render_mode=render_mode))
+    return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_steps, renderer=renderer,
+                           render_mode=render_mode)
+
+
+def prepare_folder(out: Path, layout: str) -> None:
+    """Create ``out`` for ``layout`` and delete leftovers of interrupted atomic writes."""
+    out.mkdir(parents=True, exist_ok=True)
+    if layout == "udacity":
+        prepare_udacity_folder(out)
+    else:
+        remove_partial_files(out)
+
+
+def write_layout_episode(out: Path, episode_id: str, arrays: dict[str, np.ndarray], metadata: dict[str, Any],
+                         layout: str) -> dict[str, Any]:
+    """Write one episode atomically in ``layout``; returns its sidecar."""
+    if layout == "udacity":
+        return write_udacity_episode(out, episode_id, arrays, metadata)
+    return write_episode(out, episode_id, arrays, metadata)
+
+
+def write_index(out: Path, layout: str) -> None:
+    """Rebuild the folder's index from its complete episodes: ``driving_log.csv`` or ``manifest.json``."""
+    if layout == "udacity":
+        write_driving_log(out)
+    else:
+        write_manifest(out)
+
+
 @dataclass(frozen=True)
 class NoiseConfig:
     """Gaussian action noise on the EXECUTED action (the expert's label is recorded untouched).
@@ -109,10 +167,7 @@ class EpisodeJob:
 
     def make_env(self) -> gymnasium.Env:
         """The env this job drives (a ``udacity-style`` env records its side cameras too)."""
-        if self.env == "udacity-style":
-            env = make_udacity_style(colour_preset=self.colour_preset, max_episode_steps=self.max_steps, side_cameras=True)
-            return SideCameraLog(env)
-        return make_car_racing(colour_preset=self.colour_preset, max_episode_steps=self.max_steps, renderer=self.renderer)
+        return make_recording_env(self.env, self.colour_preset, self.max_steps, self.renderer)
 
 
 def episode_from_steps(
@@ -205,9 +260,7 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
 def record_episode(job: EpisodeJob, out_dir: str, layout: str = "episodes") -> dict[str, Any]:
     """Worker entry point: drive, then write the episode atomically in ``layout``; returns the sidecar."""
     arrays, metadata = run_episode(job)
-    if layout == "udacity":
-        return write_udacity_episode(Path(out_dir), job.episode_id, arrays, metadata)
-    return write_episode(Path(out_dir), job.episode_id, arrays, metadata)
+    return write_layout_episode(Path(out_dir), job.episode_id, arrays, metadata, layout)
 
 
 def episode_is_complete(out_dir: Path, job: EpisodeJob, layout: str = "episodes") -> bool:
@@ -288,13 +341,7 @@ def collect(
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing, env, agent_kinds) for preset in colour_presets for seed in seeds]
-    out.mkdir(parents=True, exist_ok=True)
-    if layout == "udacity":
-        prepare_udacity_folder(out)
-        write_index = write_driving_log
-    else:
-        remove_partial_files(out)
-        write_index = write_manifest
+    prepare_folder(out, layout)
     existing = [job for job in jobs if episode_is_complete(out, job, layout)]
     if existing and not resume:
         raise FileExistsError(
@@ -307,8 +354,8 @@ def collect(
     with progress_bar(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
         for sidecar in run_tasks(record_episode, [(job, str(out), layout) for job in todo], workers):
             steps += sidecar["n_steps"]
-            write_index(out)
+            write_index(out, layout)
             bar.update(1)
             bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
-    write_index(out)
+    write_index(out, layout)
     return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

@@ -241,18 +241,27 @@ def human_drive(
     colour_preset: str = typer.Option("default", "--colour-preset", help=f"Colour preset: {PRESETS}."),
     slow_motion: float = typer.Option(1.0, "--slow-motion", help="Run the game F times slower (F >= 1; 2 = half speed)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    episodes: Optional[int] = typer.Option(None, "--episodes", min=1, help="Stop after this many finished episodes (default: play until Q)."),
+    env: EnvName = typer.Option("carracing", "--env", help="carracing (CarRacing's top-down window) or udacity-style (the 320×160 front camera, scaled up; records all three cameras)."),
+    layout: Optional[Layout] = typer.Option(None, "--layout", help="With --record: episodes (default, lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
+    window_scale: int = typer.Option(3, "--window-scale", min=1, help="Front-camera window magnification (3: 960×480)."),
 ) -> None:
-    """Play CarRacing with the arrow keys (or a gamepad); R restarts, Q/Esc quits."""
+    """Play CarRacing with the arrow keys (or a gamepad), top-down or from the front camera; R restarts, Q/Esc quits."""
     if record is not None:
         check_output_folder(record, "--record")
-    from nsacdrive.data_collection.human import record_human
+    elif layout is not None:
+        typer.secho("error: --layout: only with --record DIR (without it nothing is written)", fg="red", err=True)
+        raise typer.Exit(2)
+    from nsacdrive.data_collection.human import HumanDriveConfig, record_human
 
     try:
         presets = _presets(colour_preset)
         if len(presets) != 1:
             raise ValueError(f"--colour-preset: give one preset, got {colour_preset!r}")
-        session = record_human(record, seed=seed, colour_preset=presets[0], slow_motion=slow_motion,
-                               max_steps=max_steps)
+        config = HumanDriveConfig(seed=seed, colour_preset=presets[0], slow_motion=slow_motion, max_steps=max_steps,
+                                  max_episodes=episodes, env=env.value, layout=layout.value if layout else "episodes",
+                                  window_scale=window_scale)
+        session = record_human(record, config)
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
