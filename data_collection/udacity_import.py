@@ -58,6 +58,7 @@ from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACI
 SOURCE = "udacity-import"
 CAMERAS = tuple(CAMERA_ARRAYS)  # center, left, right: the log's first three columns
 LOG_COLUMNS = (*CAMERAS, "steering", "throttle", "brake", "speed")
+MAX_STEERING = 1.0  # |steering| of a log row: the steer label's range
 DEFAULT_EPISODE_LENGTH = 200
 CACHE_NAME = ".nsacdrive-import"
 STALE_SUFFIX = ".stale"  # a replaced cache, deleted once the new one is in place
@@ -149,6 +150,9 @@ def read_driving_log(folder: str | Path) -> tuple[list[LogRow], bool]:
                 if not _is_number(cell):
                     errors.append(f"line {reader.line_num}: {name} {cell!r} is not a finite number")
                 values.append(float(cell) if _is_number(cell) else math.nan)
+            if abs(values[0]) > MAX_STEERING:  # NaN compares False: reported above as not a number
+                errors.append(f"line {reader.line_num}: steering {cells[3]} is outside [-{MAX_STEERING:g}, {MAX_STEERING:g}] "
+                              "(the simulator logs the normalised steering angle)")
             rows.append(LogRow(reader.line_num, dict(zip(CAMERAS, cells[:3])), (values[0], values[1], values[2]), values[3]))
     if errors:
         raise UdacityImportError(f"{path}: {len(errors)} malformed line(s):\n  " + "\n  ".join(errors))

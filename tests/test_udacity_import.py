@@ -69,6 +69,22 @@ def test_malformed_lines_are_all_named(tmp_path):
     assert "line 2: 6 columns, expected 7" in message and "line 4: steering 'left-ish' is not a finite number" in message
 
 
+def test_steering_outside_the_unit_range_is_an_error_naming_every_row(tmp_path):
+    rec = write_recording(tmp_path / "rec", rows=5)
+    lines = [line.split(",") for line in (rec.folder / "driving_log.csv").read_text().splitlines()]
+    for index, steering in ((1, "1.5"), (3, "-25")):  # degrees instead of the normalised angle, say
+        lines[index][3] = steering
+    lines[4][3] = "-1"  # the ends of the range are fine
+    (rec.folder / "driving_log.csv").write_text("\n".join(",".join(cells) for cells in lines) + "\n")
+    with pytest.raises(UdacityImportError) as error:
+        import_recording(rec.folder, tmp_path / "out")
+    message = str(error.value)
+    assert f"{rec.folder / 'driving_log.csv'}: 2 malformed line(s)" in message
+    assert "line 2: steering 1.5 is outside [-1, 1]" in message and "line 4: steering -25 is outside [-1, 1]" in message
+    assert "line 5" not in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_log_and_unknown_header_are_clear(tmp_path):
     with pytest.raises(UdacityImportError, match="driving_log.csv: driving log not found"):
         read_driving_log(tmp_path)
