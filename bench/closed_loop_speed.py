@@ -45,7 +45,15 @@ from nsacdrive.controllers.train_config import TrainConfig  # noqa: E402
 from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
 from nsacdrive.envs.state import forward_speed  # noqa: E402
-from nsacdrive.eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, run_episodes, run_pipelined  # noqa: E402
+from nsacdrive.eval.closed_loop import (  # noqa: E402
+    DriveConfig,
+    EpisodeKey,
+    EvalConfig,
+    episode_generator,
+    evaluate_closed_loop,
+    run_episodes,
+    run_pipelined,
+)
 from nsacdrive.eval.driver import ControllerAgent, ControllerPolicy  # noqa: E402
 from nsacdrive.eval.inference import InferenceProcess  # noqa: E402
 
@@ -182,10 +190,10 @@ def evaluator_rates(run: Path, batch: int) -> tuple[float, float]:
     including the inference process's start)."""
     groups = [[EpisodeKey(str(run), "default", 42 + g * batch + k, 0) for k in range(batch)] for g in range(2)]
     start = time.perf_counter()
-    steps = sum(record.steps for keys in groups for record, _ in run_episodes(keys, STEPS, None, None))
+    steps = sum(record.steps for keys in groups for record, _ in run_episodes(keys, DriveConfig(max_steps=STEPS)))
     inline = steps / (time.perf_counter() - start)
     start = time.perf_counter()
-    steps = sum(record.steps for results in run_pipelined(groups, STEPS, None, None) for record, _ in results)
+    steps = sum(record.steps for results in run_pipelined(groups, DriveConfig(max_steps=STEPS)) for record, _ in results)
     return inline, steps / (time.perf_counter() - start)
 
 
@@ -193,8 +201,9 @@ def eval_throughput(run: Path, workers: int, inference: str) -> float:
     """Steps/s of ``nsacdrive eval`` on :data:`SCALING_SEEDS`, batch 8, start-up included."""
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        evaluate_closed_loop([run], SCALING_SEEDS, ["default"], 1, Path(folder), max_steps=STEPS, workers=workers,
-                             progress=False, batch=8, inference=inference)
+        config = EvalConfig(runs=[run], seeds=SCALING_SEEDS, drive=DriveConfig(max_steps=STEPS), batch=8, workers=workers,
+                            inference=inference)
+        evaluate_closed_loop(config, Path(folder), progress=False)
         steps = sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json"))
         return steps / (time.perf_counter() - start)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 
 def parse_seeds(text: str, argument: str = "--seeds") -> list[int]:
@@ -17,7 +18,7 @@ def parse_seeds(text: str, argument: str = "--seeds") -> list[int]:
         if stop < start:
             raise ValueError(f"{argument}: range {part!r} runs backwards")
         seeds.extend(range(start, stop + 1))
-    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
+    duplicates = sorted(seed for seed, times in Counter(seeds).items() if times > 1)  # linear in the seeds
     if duplicates:
         raise ValueError(f"{argument}: seeds listed twice: {duplicates[:10]}")
     return seeds

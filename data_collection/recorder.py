@@ -18,7 +18,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -289,60 +289,82 @@ class CollectionSummary:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
 
-def collect(
-    agent: str,
-    seeds: list[int],
-    out_dir: str | Path,
-    colour_presets: list[str] = ["default"],
-    noise: NoiseConfig = NoiseConfig(),
-    workers: int = 1,
-    resume: bool = False,
-    max_steps: int = MAX_EPISODE_STEPS,
-    progress: bool = True,
-    renderer: str | None = None,
-    mixing: MixingConfig | None = None,
-    env: str = "carracing",
-    layout: str = "episodes",
-    agent_kinds: AgentKinds = AGENT_KINDS,
-) -> CollectionSummary:
-    """Record ``agent`` on every (seed, preset); parallel workers, one progress bar.
+def _distinct(name: str, values: tuple[Any, ...]) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError(f"collect config {name}: listed twice in {list(values)}")
 
-    ``mixing``: record DAgger data (the agent labels, a learner drives part of the time).
-    ``renderer``: the CarRacing frame renderer (default ``fast``); ``udacity-style`` draws its own
-    camera. ``env`` and ``layout``: see the module docstring. ``agent_kinds``: the kinds ``agent``
-    and the learner may name (:data:`nsacdrive.agents.registry.AGENT_KINDS` by default; a layer
-    above passes its own, e.g. with ``controller:RUN``); it travels with every job to the workers."""
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """A recording job: which episodes (agent × seeds × colour presets, with noise) and how each is recorded.
+
+    :param agent: the agent spec that drives and labels (``expert``, ``ppo:DIR``, ``controller:RUN`` …)
+    :param seeds: track seeds
+    :param colour_presets: colour presets, each recorded on every seed
+    :param noise: Gaussian noise on the executed action (labels stay clean)
+    :param max_steps: episode horizon
+    :param renderer: the CarRacing frame renderer (None: ``fast``); the ``udacity-style`` env draws its own camera
+    :param mixing: DAgger data: the agent labels while a learner drives part of the time
+    :param env: one of :data:`ENVS` (see the module docstring)
+    :param layout: one of :data:`LAYOUTS` (``udacity`` needs ``env="udacity-style"``)
+    :param workers: worker processes
+    """
+
+    agent: str
+    seeds: tuple[int, ...]
+    colour_presets: tuple[str, ...] = ("default",)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    max_steps: int = MAX_EPISODE_STEPS
+    renderer: str | None = None
+    mixing: MixingConfig | None = None
+    env: str = "carracing"
+    layout: str = "episodes"
+    workers: int = 1
+
+    #: the settings every episode of one folder shares: they shape an episode without naming it
+    #: (agent, seed, preset, noise and env are part of each episode id)
+    FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
+        if isinstance(self.noise, dict):
+            object.__setattr__(self, "noise", NoiseConfig(**self.noise))
+        if isinstance(self.mixing, dict):
+            object.__setattr__(self, "mixing", MixingConfig(**self.mixing))
+        object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
+        if not self.colour_presets:
+            raise ValueError("collect config colour_presets: give at least one colour preset")
+        _distinct("colour_presets", self.colour_presets)
+        _distinct("seeds", self.seeds)
+        for preset in self.colour_presets:
+            validate_preset(preset)
+        if self.max_steps < 1:
+            raise ValueError(f"collect config max_steps must be >= 1, got {self.max_steps}")
+        if self.workers < 1:
+            raise ValueError(f"collect config workers must be >= 1, got {self.workers}")
+
+    def jobs(self, agent_kinds: AgentKinds = AGENT_KINDS) -> list[EpisodeJob]:
+        """One job per (preset, seed), preset-major; ``agent_kinds`` builds the agents in the workers."""
+        return [EpisodeJob(self.agent, seed, preset, self.noise, self.max_steps, self.renderer, self.mixing, self.env, agent_kinds)
+                for preset in self.colour_presets for seed in self.seeds]
+
+
+def collect(config: CollectConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+            agent_kinds: AgentKinds = AGENT_KINDS) -> CollectionSummary:
+    """Record every episode of ``config`` into ``out_dir``; parallel workers, one progress bar.
+
+    ``resume``: skip the episodes already complete (without it, finding any is an error).
+    ``agent_kinds``: the kinds the agent and the learner may name
+    (:data:`nsacdrive.agents.registry.AGENT_KINDS` by default; a layer above passes its own, e.g.
+    with ``controller:RUN``); it travels with every job to the workers."""
     out = Path(out_dir)
-    if env not in ENVS:
-        raise ValueError(f"--env: expected one of {', '.join(ENVS)}, got {env!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"--layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout == "udacity" and env != "udacity-style":
-        raise ValueError("--layout udacity needs --env udacity-style (the Udacity layout holds 320×160 camera frames)")
-    if env == "udacity-style":
-        if renderer not in (None, FRONT_CAMERA_RENDERER):
-            raise ValueError(f"--renderer: the udacity-style env draws its own front camera; {renderer!r} is for --env carracing")
-        renderer = FRONT_CAMERA_RENDERER
-    else:
-        renderer = DEFAULT_RENDERER if renderer is None else renderer
-        if renderer not in RENDERERS:
-            raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
-    if not colour_presets:
-        raise ValueError("--colour-preset: give at least one colour preset")
-    if len(set(colour_presets)) != len(colour_presets):
-        raise ValueError(f"--colour-preset: presets listed twice in {colour_presets}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError("--seeds: seeds listed twice")
-    for preset in colour_presets:
-        validate_preset(preset)
-    agent_kinds.make(agent)  # fail fast on a bad agent spec, before any worker starts
-    if mixing is not None:
-        agent_kinds.make(mixing.learner)
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
-    jobs = [EpisodeJob(agent, seed, preset, noise, max_steps, renderer, mixing, env, agent_kinds) for preset in colour_presets for seed in seeds]
-    prepare_folder(out, layout)
-    existing = [job for job in jobs if episode_is_complete(out, job, layout)]
+    agent_kinds.make(config.agent)  # fail fast on a bad agent spec, before any worker starts
+    if config.mixing is not None:
+        agent_kinds.make(config.mixing.learner)
+    jobs = config.jobs(agent_kinds)
+    prepare_folder(out, config.layout)
+    existing = [job for job in jobs if episode_is_complete(out, job, config.layout)]
     if existing and not resume:
         raise FileExistsError(
             f"{out}: {len(existing)} of these episodes already exist (e.g. {existing[0].episode_id}); "
@@ -352,10 +374,10 @@ def collect(
     start = time.perf_counter()
     steps = 0
     with progress_bar(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
-        for sidecar in run_tasks(record_episode, [(job, str(out), layout) for job in todo], workers):
+        for sidecar in run_tasks(record_episode, [(job, str(out), config.layout) for job in todo], config.workers):
             steps += sidecar["n_steps"]
-            write_index(out, layout)
+            write_index(out, config.layout)
             bar.update(1)
             bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
-    write_index(out, layout)
+    write_index(out, config.layout)
     return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

@@ -12,12 +12,12 @@ action inside one episode is recorded as a failed episode with its reason and th
 goes on.
 
 Action post-processing (documented once): the executed action is the predictive mean clipped
-to the action box; with ``throttle_cap=c`` the gas is additionally scaled by
+to the action box; with ``DriveConfig.throttle_cap=c`` the gas is additionally scaled by
 min(1, c / σ_steer), σ_steer the predictive steering std, so the car slows down when it is
 unsure where to steer.
 
 Aggregates per (model, preset): success rate (lap finished) as mean ± std over evaluation runs
-(``--runs``; each pools ``--trials`` episodes per track and preset), the
+(``EvalConfig.repeats``; each pools ``trials`` episodes per track and preset), the
 rates of score ≥ 900 and ≥ 860 (the published criterion), mean score, mean |lateral error|, and
 a CARLA-style driving score = route completion (fraction of tiles visited) × 0.8^(off-road
 events) × (0.5 if the car left the playfield).
@@ -31,22 +31,23 @@ import json
 import math
 import os
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
-from nsacdrive.common.backends import run_tasks
+from nsacdrive.common.backends import BACKENDS, run_tasks
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.envs.car_racing import RENDERERS
+from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, RENDERERS
+from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
@@ -66,6 +67,32 @@ class EpisodeKey:
     @property
     def episode_id(self) -> str:
         return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}"
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    """How every episode of an evaluation is driven (what a worker, a video or a report re-drive needs).
+
+    :param max_steps: episode horizon (1000 = CarRacing standard)
+    :param samples: draws per prediction; None: the model's own ``predict_samples``
+    :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
+    :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
+    """
+
+    max_steps: int = MAX_EPISODE_STEPS
+    samples: int | None = None
+    throttle_cap: float | None = None
+    renderer: str = "fast"
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"drive config max_steps must be >= 1, got {self.max_steps}")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
+        if self.throttle_cap is not None and not self.throttle_cap >= 0:
+            raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
+        if self.renderer not in RENDERERS:
+            raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
 
 
 @dataclass
@@ -126,7 +153,7 @@ class EpisodeDrive:
     done. Any exception (env fault, non-finite action) ends this episode only, as failed.
     """
 
-    def __init__(self, key: EpisodeKey, max_steps: int, renderer: str, observation: str | None) -> None:
+    def __init__(self, key: EpisodeKey, drive: DriveConfig, observation: str | None) -> None:
         """``observation``: the controller's observation kind (picks the env), None when it could not be loaded."""
         self.key = key
         self.generator = episode_generator(key)
@@ -142,7 +169,7 @@ class EpisodeDrive:
         if observation is None:
             return
         try:
-            self.env = make_env_for(observation, key.colour_preset, max_steps, renderer)
+            self.env = make_env_for(observation, key.colour_preset, drive.max_steps, drive.renderer)
             self.observation, _ = self.env.reset(seed=key.track_seed)
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
@@ -224,11 +251,10 @@ class LockstepGroup:
     be failed with :meth:`fail`.
     """
 
-    def __init__(self, keys: Sequence[EpisodeKey], max_steps: int, renderer: str,
-                 interface: ControllerInterface | None, cap: float | None) -> None:
+    def __init__(self, keys: Sequence[EpisodeKey], drive: DriveConfig, interface: ControllerInterface | None) -> None:
         self.interface = interface
-        self.cap = cap
-        self.drives = [EpisodeDrive(key, max_steps, renderer, interface and interface.observation) for key in keys]
+        self.cap = drive.throttle_cap
+        self.drives = [EpisodeDrive(key, drive, interface and interface.observation) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
         # heads that do not attend over the frames log NaN attention
         self._no_attention = torch.full((len(keys), interface.frames if interface else 0), float("nan"))
@@ -268,9 +294,9 @@ class LockstepGroup:
         return [drive.result(model) for drive in self.drives]
 
 
-def _unloadable(keys: Sequence[EpisodeKey], max_steps: int, renderer: str, exc: Exception) -> list[tuple[EpisodeRecord, dict]]:
+def _unloadable(keys: Sequence[EpisodeKey], drive: DriveConfig, exc: Exception) -> list[tuple[EpisodeRecord, dict]]:
     """An unreadable run fails its episodes, not the evaluation (called inside ``except``)."""
-    group = LockstepGroup(keys, max_steps, renderer, None, None)
+    group = LockstepGroup(keys, drive, None)
     group.fail(exc)
     return group.results()
 
@@ -281,8 +307,8 @@ def _one_run(keys: Sequence[EpisodeKey]) -> str:
     return keys[0].run
 
 
-def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None, cap: float | None,
-                 renderer: str = "fast", on_frame: Callable[[int, np.ndarray], None] | None = None,
+def run_episodes(keys: Sequence[EpisodeKey], drive: DriveConfig = DriveConfig(),
+                 on_frame: Callable[[int, np.ndarray], None] | None = None,
                  on_policy: Callable[[Any], None] | None = None) -> list[tuple[EpisodeRecord, dict[str, np.ndarray]]]:
     """Drive a group of episodes of one run in lockstep: one controller call per step for all of them.
 
@@ -293,13 +319,13 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
     """
     run = _one_run(keys)
     try:
-        policy = ControllerPolicy(run, samples=samples)
+        policy = ControllerPolicy(run, samples=drive.samples)
         policy.reset_episodes(len(keys))
         if on_policy is not None:
             on_policy(policy)
     except Exception as exc:
-        return _unloadable(keys, max_steps, renderer, exc)
-    group = LockstepGroup(keys, max_steps, renderer, policy.interface, cap)
+        return _unloadable(keys, drive, exc)
+    group = LockstepGroup(keys, drive, policy.interface)
     rows = np.arange(len(keys))
     while group.running:
         if on_frame is not None:
@@ -316,8 +342,8 @@ def run_episodes(keys: Sequence[EpisodeKey], max_steps: int, samples: int | None
     return group.results()
 
 
-def run_pipelined(groups: Sequence[Sequence[EpisodeKey]], max_steps: int, samples: int | None, cap: float | None,
-                  renderer: str = "fast") -> list[list[tuple[EpisodeRecord, dict[str, np.ndarray]]]]:
+def run_pipelined(groups: Sequence[Sequence[EpisodeKey]],
+                  drive: DriveConfig = DriveConfig()) -> list[list[tuple[EpisodeRecord, dict[str, np.ndarray]]]]:
     """Drive lockstep groups of one run with the controller in its own process, double-buffered.
 
     Every group has one request in flight: while the inference process predicts for one group,
@@ -329,11 +355,11 @@ def run_pipelined(groups: Sequence[Sequence[EpisodeKey]], max_steps: int, sample
 
     run = _one_run([key for keys in groups for key in keys])
     try:
-        server = InferenceProcess(run, samples)
+        server = InferenceProcess(run, drive.samples)
     except Exception as exc:
-        return [_unloadable(keys, max_steps, renderer, exc) for keys in groups]
+        return [_unloadable(keys, drive, exc) for keys in groups]
     with server:
-        lockstep = [LockstepGroup(keys, max_steps, renderer, server.interface, cap) for keys in groups]
+        lockstep = [LockstepGroup(keys, drive, server.interface) for keys in groups]
         in_flight: deque[tuple[int, LockstepGroup]] = deque()  # submission order = reply order
         try:
             for slot, group in enumerate(lockstep):
@@ -358,13 +384,12 @@ def run_pipelined(groups: Sequence[Sequence[EpisodeKey]], max_steps: int, sample
     return [group.results() for group in lockstep]
 
 
-def run_episode(key: EpisodeKey, max_steps: int, samples: int | None, cap: float | None,
+def run_episode(key: EpisodeKey, drive: DriveConfig = DriveConfig(),
                 on_frame: Callable[[np.ndarray], None] | None = None,
-                on_policy: Callable[[Any], None] | None = None,
-                renderer: str = "fast") -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
+                on_policy: Callable[[Any], None] | None = None) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
     """One episode on its own (a group of one, :func:`run_episodes`)."""
     frame_hook = None if on_frame is None else (lambda _, frame: on_frame(frame))
-    return run_episodes([key], max_steps, samples, cap, renderer, frame_hook, on_policy)[0]
+    return run_episodes([key], drive, frame_hook, on_policy)[0]
 
 
 def _consecutive(items: Sequence[Any], size: int, run_of: Callable[[Any], str]) -> list[list[Any]]:
@@ -390,24 +415,40 @@ def resolve_inference(inference: str, backend: str, workers: int) -> str:
     ``process`` when the local machine has a core to spare for every worker's inference process
     (cores ≥ 2 × workers)."""
     if inference not in INFERENCE_MODES:
-        raise ValueError(f"--inference: expected one of {', '.join(INFERENCE_MODES)}, got {inference!r}")
+        raise ValueError(f"inference: expected one of {', '.join(INFERENCE_MODES)}, got {inference!r}")
     if inference == "process" and backend != "process":
-        raise ValueError("--inference process: only with --backend process (a Ray task keeps its controller inline)")
+        raise ValueError("inference 'process' needs backend 'process' (a Ray task keeps its controller inline)")
     if inference != "auto":
         return inference
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return "process" if backend == "process" and cores >= 2 * max(workers, 1) else "inline"
 
 
-def _groups_worker(groups: list[list[EpisodeKey]], out_dir: str, max_steps: int, samples: int | None,
-                   cap: float | None, renderer: str, inference: str) -> int:
-    """Drive lockstep groups (inline one after another, or double-buffered with the controller in its
-    own process) and write their episodes not yet on disk; returns the number of episodes."""
-    if inference == "process":
-        results = run_pipelined(groups, max_steps, samples, cap, renderer)
+@dataclass(frozen=True)
+class GroupsTask:
+    """One worker task: lockstep groups of one run, how to drive them and where to write them.
+
+    :param groups: the lockstep groups (:func:`batch_groups`), driven together when ``inference`` is ``process``
+    :param drive: how every episode is driven
+    :param inference: ``inline`` or ``process`` (already resolved, :func:`resolve_inference`)
+    :param out_dir: the evaluation folder (episodes go to its ``episodes/``)
+    """
+
+    groups: tuple[tuple[EpisodeKey, ...], ...]
+    drive: DriveConfig
+    inference: str
+    out_dir: str
+
+
+def _groups_worker(task: GroupsTask) -> int:
+    """Drive a task's lockstep groups (inline one after another, or double-buffered with the
+    controller in its own process) and write their episodes not yet on disk; returns the number of episodes."""
+    groups = task.groups
+    if task.inference == "process":
+        results = run_pipelined(groups, task.drive)
     else:
-        results = [run_episodes(keys, max_steps, samples, cap, renderer) for keys in groups]
-    folder = Path(out_dir) / "episodes"
+        results = [run_episodes(keys, task.drive) for keys in groups]
+    folder = Path(task.out_dir) / "episodes"
     for keys, group_results in zip(groups, results):
         group = [[k.colour_preset, k.track_seed, k.repeat] for k in keys]
         for key, (record, arrays) in zip(keys, group_results):
@@ -446,56 +487,117 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
     return rows
 
 
-def evaluate_closed_loop(runs: list[Path], seeds: list[int], presets: list[str], repeats: int, out_dir: Path,
-                         max_steps: int = 1000, workers: int = 1, samples: int | None = None,
-                         cap: float | None = None, resume: bool = False, progress: bool = True,
-                         backend: str = "process", address: str | None = None, trials: int = 1,
-                         renderer: str = "fast", batch: int = 8, inference: str = "inline") -> list[dict[str, Any]]:
-    """Run every (run, preset, seed, repeat) episode, write summary.csv + aggregates.json, return aggregates.
+def _distinct(name: str, values: Sequence[Any]) -> None:
+    repeated = sorted(str(value) for value, count in Counter(values).items() if count > 1)
+    if repeated:
+        raise ValueError(f"evaluation config {name}: listed twice: {', '.join(repeated)}")
 
-    ``repeats`` evaluation runs of ``trials`` episodes per (seed, preset) each: episode repeat
-    k = run·trials + trial seeds the controller RNG; success is mean ± std over the runs.
 
-    ``renderer``: how frames are drawn (``fast``, the default, or gymnasium's ``stock`` code).
-    ``batch``: episodes driven in lockstep per controller call (:func:`batch_groups`); part of the
-    evaluation's identity like the seeds (a group's rows share one network call, whose float
-    rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups.
-    ``backend``/``address`` choose where episodes run (``nsacdrive.common.backends.run_tasks``: local processes
-    or a Ray cluster); every backend gives the same episodes for the same seeds.
-    ``inference``: where the controller runs (:func:`resolve_inference`): ``inline`` in each worker's
-    env loop, or ``process``, its own process beside each worker's, which drives two lockstep groups
-    double-buffered (:func:`run_pipelined`); both give the same episodes.
+@dataclass(frozen=True)
+class EvalConfig:
+    """A closed-loop evaluation: which episodes, how each is driven, and where they run.
+
+    Every (run, preset, seed, repeat) is one episode; ``repeats`` evaluation runs of ``trials``
+    episodes per (seed, preset) each, episode repeat k = run·trials + trial seeding the controller
+    RNG; success is mean ± std over the evaluation runs.
+
+    :param runs: training run folders (their folder names must differ: episode ids use them)
+    :param seeds: track seeds, the same for every run (paired episodes)
+    :param colour_presets: colour presets, each driven on every seed
+    :param repeats: evaluation runs
+    :param trials: episodes per (seed, preset) in each evaluation run
+    :param drive: how every episode is driven (horizon, draws, throttle cap, renderer)
+    :param batch: episodes driven in lockstep per controller call (:func:`batch_groups`); part of the
+        evaluation's identity like the seeds (a group's rows share one network call, whose float
+        rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups
+    :param workers: parallel tasks
+    :param backend: where tasks run (``nsacdrive.common.backends.run_tasks``: local processes or a
+        Ray cluster); every backend gives the same episodes
+    :param address: the Ray cluster to join (``backend="ray"`` only)
+    :param inference: where the controller runs (:func:`resolve_inference`): ``inline`` in each
+        worker's env loop, or ``process``, its own process beside each worker's, which drives two
+        lockstep groups double-buffered (:func:`run_pipelined`); both give the same episodes
     """
-    if renderer not in RENDERERS:
-        raise ValueError(f"--renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
-    if repeats < 1 or trials < 1:
-        raise ValueError(f"--runs and --trials must be >= 1, got {repeats} and {trials}")
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
-    inference = resolve_inference(inference, backend, workers)
-    keys = [EpisodeKey(str(run), preset, seed, repeat) for run in runs for preset in presets for seed in seeds
-            for repeat in range(repeats * trials)]
-    folder = out_dir / "episodes"
-    done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
-    if done and not resume:
-        raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
-    todo = [group for group in batch_groups(keys, batch) if any(k not in done for k in group)]
-    tasks = _consecutive(todo, 2 if inference == "process" else 1, lambda group: group[0].run)  # groups in flight together
-    args = [(groups, str(out_dir), max_steps, samples, cap, renderer, inference) for groups in tasks]
-    results = run_tasks(_groups_worker, args, workers, backend=backend, address=address)
-    with progress_bar(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
-              disable=not progress) as bar:
-        for size in results:
-            bar.update(size)
-    records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
+
+    runs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    colour_presets: tuple[str, ...] = ("default",)
+    repeats: int = 1
+    trials: int = 1
+    drive: DriveConfig = field(default_factory=DriveConfig)
+    batch: int = 8
+    workers: int = 1
+    backend: str = "process"
+    address: str | None = None
+    inference: str = "inline"
+
+    #: the fields that define the episodes; the others only choose where and how fast they run
+    EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "repeats", "trials", "drive", "batch")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs", tuple(str(Path(run)) for run in self.runs))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
+        if isinstance(self.drive, dict):
+            object.__setattr__(self, "drive", DriveConfig(**self.drive))
+        for name in ("runs", "seeds", "colour_presets"):
+            if not getattr(self, name):
+                raise ValueError(f"evaluation config {name}: give at least one")
+        _distinct("runs", self.runs)
+        _distinct("run folder names", [Path(run).name for run in self.runs])
+        _distinct("seeds", self.seeds)
+        _distinct("colour_presets", self.colour_presets)
+        for preset in self.colour_presets:
+            validate_preset(preset)
+        for name in ("repeats", "trials", "batch", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"evaluation config {name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"evaluation config backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.address is not None and self.backend != "ray":
+            raise ValueError(f"evaluation config address: only used with backend 'ray', got backend {self.backend!r}")
+        resolve_inference(self.inference, self.backend, self.workers)  # validates the mode
+
+    def keys(self) -> list[EpisodeKey]:
+        """Every episode, in the order lockstep groups are cut from (:func:`batch_groups`)."""
+        return [EpisodeKey(run, preset, seed, repeat) for run in self.runs for preset in self.colour_presets
+                for seed in self.seeds for repeat in range(self.repeats * self.trials)]
+
+
+def _write_summary(out_dir: Path, records: list[dict[str, Any]]) -> None:
+    """``summary.csv``: one row per episode record."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(records[0]))
     writer.writeheader()
     writer.writerows(records)
     atomic_write_bytes(out_dir / "summary.csv", buffer.getvalue().encode())
-    rows = aggregate(records, trials)
-    atomic_write_json(out_dir / "aggregates.json", {"aggregates": rows, "throttle_cap": cap, "max_steps": max_steps,
-                                                     "samples": samples, "seeds": seeds, "colour_presets": presets,
-                                                     "repeats": repeats, "trials": trials, "renderer": renderer,
-                                                     "batch": batch, "inference": inference})
+
+
+def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+    """Run every episode of ``config`` into ``out_dir``, write summary.csv + aggregates.json, return the aggregates.
+
+    ``resume``: keep the episodes already in ``out_dir`` (without it, finding any is an error)."""
+    out_dir = Path(out_dir)
+    inference = resolve_inference(config.inference, config.backend, config.workers)
+    keys = config.keys()
+    folder = out_dir / "episodes"
+    done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
+    if done and not resume:
+        raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
+    todo = [tuple(group) for group in batch_groups(keys, config.batch) if any(k not in done for k in group)]
+    in_flight = 2 if inference == "process" else 1  # groups one task drives together
+    tasks = [GroupsTask(tuple(groups), config.drive, inference, str(out_dir))
+             for groups in _consecutive(todo, in_flight, lambda group: group[0].run)]
+    results = run_tasks(_groups_worker, [(task,) for task in tasks], config.workers, backend=config.backend, address=config.address)
+    with progress_bar(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
+                      disable=not progress) as bar:
+        for size in results:
+            bar.update(size)
+    records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
+    _write_summary(out_dir, records)
+    rows = aggregate(records, config.trials)
+    atomic_write_json(out_dir / "aggregates.json", {
+        "aggregates": rows, **asdict(config.drive), "seeds": list(config.seeds), "colour_presets": list(config.colour_presets),
+        "repeats": config.repeats, "trials": config.trials, "batch": config.batch, "inference": inference,
+    })
     return rows

@@ -28,9 +28,9 @@ from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.controllers.checkpoint import read_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
-from nsacdrive.data_collection.recorder import MixingConfig, collect
+from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, collect
 from nsacdrive.eval.agent_kinds import AGENT_KINDS
-from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from tqdm import tqdm
 
 
@@ -46,22 +46,22 @@ class DaggerConfig:
     seeds: str | None = None  # tracks driven in the rounds; None: the init run's training seeds
     colour_presets: tuple[str, ...] = ("default",)
     epochs_per_round: int = 4
-    max_steps: int = 1000  # horizon of the round episodes
+    max_steps: int = 1000  # horizon of the round episodes (recorded with the learner in the loop)
     max_batches_per_epoch: int | None = None
     workers: int = 2
     seed: int = 0
     eval_seeds: str | None = None  # held-out tracks for the BC-vs-DAgger table; None: no evaluation
     eval_colour_presets: tuple[str, ...] = ("default",)
-    eval_max_steps: int = 1000
+    eval_max_steps: int = 1000  # horizon of the closed-loop comparison's episodes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
         object.__setattr__(self, "eval_colour_presets", tuple(self.eval_colour_presets))
-        for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "workers"):
+        for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"DAgger config {name} must be >= 1, got {getattr(self, name)}")
         if not (0.0 <= self.beta0 <= 1.0 and 0.0 <= self.beta_decay <= 1.0):
-            raise ValueError(f"--beta0 and --beta-decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
+            raise ValueError(f"DAgger config beta0 and beta_decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
 
     def beta(self, round_index: int) -> float:
         """β_k of round k ≥ 1 (the probability that the expert drives a step)."""
@@ -111,8 +111,9 @@ class Dagger:
         cfg = self.config
         mixing = MixingConfig(learner=f"controller:{self.run_dir(k - 1)}", beta=cfg.beta(k), source=f"dagger-round-{k}")
         seeds = round_seeds(self.seed_pool, cfg.episodes_per_round, cfg.seed, k)
-        summary = collect("expert", seeds, self.data_dir(k), list(cfg.colour_presets), workers=cfg.workers, resume=True,
-                          max_steps=cfg.max_steps, progress=self.progress, mixing=mixing, agent_kinds=AGENT_KINDS)
+        recording = CollectConfig(agent="expert", seeds=seeds, colour_presets=cfg.colour_presets, max_steps=cfg.max_steps,
+                                  mixing=mixing, workers=cfg.workers)
+        summary = collect(recording, self.data_dir(k), resume=True, progress=self.progress, agent_kinds=AGENT_KINDS)
         data = ",".join([self.init_config.data] + [str(self.data_dir(j)) for j in range(1, k + 1)])
         train_config = dataclasses.replace(self.init_config, data=data, init_from=str(self.run_dir(k - 1)),
                                            epochs=cfg.epochs_per_round, seed=cfg.seed + k,
@@ -134,9 +135,10 @@ class Dagger:
         report: dict[str, Any] = {"config": dataclasses.asdict(self.config), "rounds": rounds}
         if self.config.eval_seeds:
             runs = [self.run_dir(k) for k in range(self.config.rounds + 1)]
-            rows = evaluate_closed_loop(runs, parse_seeds(self.config.eval_seeds, "--eval-seeds"), list(self.config.eval_colour_presets),
-                                        1, self.out / "eval", max_steps=self.config.eval_max_steps, workers=self.config.workers,
-                                        resume=True, progress=self.progress)
+            evaluation = EvalConfig(runs=tuple(map(str, runs)), seeds=parse_seeds(self.config.eval_seeds, "eval seeds"),
+                                    colour_presets=self.config.eval_colour_presets,
+                                    drive=DriveConfig(max_steps=self.config.eval_max_steps), workers=self.config.workers)
+            rows = evaluate_closed_loop(evaluation, self.out / "eval", resume=True, progress=self.progress)
             names = {run.name: k for k, run in enumerate(runs)}
             report["closed_loop"] = [{"round": names[row["run"]], **row} for row in rows]
         atomic_write_json(self.out / "report.json", report)

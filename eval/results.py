@@ -7,12 +7,13 @@ problem is an :class:`EvaluationError` that names the file, so the command line 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nsacdrive.eval.closed_loop import LOG_FIELDS
+from nsacdrive.eval.closed_loop import LOG_FIELDS, DriveConfig
 
 
 class EvaluationError(ValueError):
@@ -22,6 +23,18 @@ class EvaluationError(ValueError):
 def load_aggregates(eval_dir: Path) -> dict[str, Any]:
     """``aggregates.json`` of an evaluation folder (rows under ``aggregates``, plus the settings)."""
     return _read_json(Path(eval_dir) / "aggregates.json", "not found; expected an evaluation folder written by `nsacdrive eval`")
+
+
+def drive_config(eval_dir: Path, samples: int | None = None) -> DriveConfig:
+    """How the evaluation drove its episodes (from its ``aggregates.json``; settings it does not
+    record take their defaults); ``samples`` replaces its draws per prediction."""
+    settings = load_aggregates(eval_dir)
+    recorded = {f.name: settings[f.name] for f in dataclasses.fields(DriveConfig) if f.name in settings}
+    try:
+        drive = DriveConfig(**recorded)
+    except (TypeError, ValueError) as exc:
+        raise EvaluationError(f"{Path(eval_dir) / 'aggregates.json'}: unusable drive settings ({exc})") from None
+    return drive if samples is None else dataclasses.replace(drive, samples=samples)
 
 
 def load_records(eval_dir: Path) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import numpy as np
 from nsacdrive.common.atomic import atomic_path
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.eval.closed_loop import EpisodeKey, run_episodes
-from nsacdrive.eval.results import EvaluationError, load_aggregates, load_episode
+from nsacdrive.eval.results import EvaluationError, drive_config, load_episode
 
 FRAME_PIXELS = 96
 ACTION_TOLERANCE = 1e-5  # re-driven vs logged executed action (float32 logs of the same computation)
@@ -68,15 +68,12 @@ def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None,
     and this episode's row in the group's batch (e.g. to hook the network's internals).
     """
     record, logged = load_episode(Path(eval_dir), episode_id)
-    settings = load_aggregates(Path(eval_dir))
     run_dir = str(run if run is not None else record["run"])
     group = record.get("batch_group", [[record["colour_preset"], record["track_seed"], record["repeat"]]])
     keys = [EpisodeKey(run_dir, preset, int(seed), int(repeat)) for preset, seed, repeat in group]
     row = keys.index(EpisodeKey(run_dir, record["colour_preset"], int(record["track_seed"]), int(record["repeat"])))
     frames: list[np.ndarray] = []
-    samples = samples if samples is not None else settings.get("samples")
-    results = run_episodes(keys, settings["max_steps"], samples, settings["throttle_cap"],
-                           renderer=settings.get("renderer", "fast"),
+    results = run_episodes(keys, drive_config(Path(eval_dir), samples),
                            on_frame=lambda i, frame: frames.append(np.array(frame)) if i == row else None,
                            on_policy=None if on_agent is None else (lambda policy: on_agent(policy, row)))
     redriven, arrays = results[row]

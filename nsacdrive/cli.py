@@ -132,15 +132,19 @@ def collect(
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     check_output_folder(out)
-    from nsacdrive.data_collection.recorder import NoiseConfig
+    from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig
     from nsacdrive.data_collection.recorder import collect as run_collect
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
+    if layout.value == "udacity" and env.value != "udacity-style":
+        raise typer.BadParameter("--layout udacity needs --env udacity-style (the Udacity layout holds 320×160 camera frames)")
+    if renderer is not None and env.value == "udacity-style":
+        raise typer.BadParameter("--renderer: the udacity-style env draws its own front camera; --renderer is for --env carracing")
     try:
-        summary = run_collect(agent, _seeds(seeds), out, _presets(colour_preset), NoiseConfig(noise, noise_seed),
-                              workers=workers, resume=resume, max_steps=max_steps,
-                              renderer=renderer.value if renderer else None, env=env.value, layout=layout.value,
-                              agent_kinds=AGENT_KINDS)
+        config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+                               noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
+                               renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers)
+        summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -363,16 +367,17 @@ def closed_loop_eval(
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
-    from nsacdrive.eval.closed_loop import evaluate_closed_loop
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
     _check_runs_load(runs)
     try:
-        rows = evaluate_closed_loop(runs, _seeds(seeds), _presets(colour_preset), repeats, out, max_steps=max_steps,
-                                    workers=workers, samples=samples, cap=throttle_cap, resume=resume,
-                                    backend=backend.value, address=address, trials=trials, renderer=renderer.value,
-                                    batch=batch, inference=inference.value)
+        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value)
+        config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+                            repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
+                            backend=backend.value, address=address, inference=inference.value)
+        rows = evaluate_closed_loop(config, out, resume=resume)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -467,10 +472,11 @@ def dagger(
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
     colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
     epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
-    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of round and evaluation episodes."),
+    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
     eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
     eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Comma-separated presets of that table, e.g. default,shift-3."),
+    eval_max_steps: Optional[int] = typer.Option(None, "--eval-max-steps", min=1, help="Horizon of that table's episodes (default: --max-steps)."),
     workers: int = typer.Option(2, "--workers", min=1),
     seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
 ) -> None:
@@ -479,9 +485,12 @@ def dagger(
     from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
     try:
-        config = DaggerConfig(str(init), rounds, episodes_per_round, beta0, beta_decay, seeds, tuple(_presets(colour_preset)),
-                              epochs_per_round, max_steps, max_batches_per_epoch, workers, seed, eval_seeds,
-                              tuple(_presets(eval_colour_preset)), max_steps)
+        config = DaggerConfig(init=str(init), rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
+                              beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),
+                              epochs_per_round=epochs_per_round, max_steps=max_steps,
+                              max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,
+                              eval_colour_presets=tuple(_presets(eval_colour_preset)),
+                              eval_max_steps=eval_max_steps if eval_max_steps is not None else max_steps)
         report = Dagger(config, out).run()
     except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
         typer.secho(f"error: {exc}", fg="red", err=True)

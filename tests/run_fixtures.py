@@ -14,7 +14,7 @@ from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
-from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.recorder import CollectConfig, collect
 
 TINY_MODEL: dict[str, Any] = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)
 
@@ -22,7 +22,7 @@ TINY_MODEL: dict[str, Any] = dict(encoder=EncoderConfig(token_dim=16, channels=(
 def tiny_run(folder: Path, model: str = "gmle", seeds: tuple[int, ...] = (0, 1, 2), split: tuple[str, str, str] = ("0", "1", "2"),
              batches: int = 1, **model_options: Any) -> Path:
     """Collect 80-step expert episodes on ``seeds`` into ``folder/data`` and train ``folder/run``."""
-    collect("expert", list(seeds), folder / "data", ["default"], workers=1, max_steps=80, progress=False)
+    collect(CollectConfig(agent="expert", seeds=list(seeds), max_steps=80), folder / "data", progress=False)
     config = TrainConfig(data=str(folder / "data"), model=ModelConfig(model=model, **{**TINY_MODEL, **model_options}),
                          train_seeds=split[0], val_seeds=split[1], test_seeds=split[2], batch_size=8, epochs=1,
                          max_batches_per_epoch=batches, max_val_batches=1)

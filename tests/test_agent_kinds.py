@@ -11,7 +11,7 @@ from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.registry import AGENT_KINDS, expert_agent, make_agent
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
-from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.eval import agent_kinds as eval_kinds
 from run_fixtures import tiny_run
 
@@ -44,7 +44,7 @@ def test_a_kind_table_pickles_by_reference():
 
 def test_collect_refuses_a_kind_its_table_lacks_before_any_worker_starts(tmp_path):
     with pytest.raises(ValueError, match="unknown agent 'controller:"):
-        collect(f"controller:{tmp_path}", [0], tmp_path / "data", workers=2, max_steps=10, progress=False)
+        collect(CollectConfig(agent=f"controller:{tmp_path}", seeds=[0], max_steps=10, workers=2), tmp_path / "data", progress=False)
     assert not (tmp_path / "data").exists()
 
 
@@ -56,8 +56,7 @@ def test_a_controller_agent_records_the_same_episodes_in_spawned_workers(tmp_pat
     run = tiny_run(tmp_path / "fixture")
     spec = f"controller:{run}"
     for workers, name in ((1, "here"), (2, "spawned")):
-        summary = collect(spec, [3, 4], tmp_path / name, workers=workers, max_steps=20, progress=False,
-                          agent_kinds=eval_kinds.AGENT_KINDS)
+        summary = collect(CollectConfig(agent=spec, seeds=[3, 4], max_steps=20, workers=workers), tmp_path / name, progress=False, agent_kinds=eval_kinds.AGENT_KINDS)
         assert summary.written == 2
     here, spawned = _actions(tmp_path / "here"), _actions(tmp_path / "spawned")
     assert sorted(here) == sorted(spawned) and len(here) == 2

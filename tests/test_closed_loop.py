@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from float_paths import assert_predictions_agree, path_rtol
-from nsacdrive.eval.closed_loop import EpisodeRecord, aggregate, evaluate_closed_loop, throttle_cap
+from nsacdrive.eval.closed_loop import DriveConfig, EpisodeRecord, EvalConfig, aggregate, evaluate_closed_loop, throttle_cap
 from run_fixtures import tiny_run
 
 
@@ -16,8 +16,13 @@ def trained_run(tmp_path_factory):
     return tiny_run(tmp_path_factory.mktemp("closed_loop"))
 
 
+def evaluation(run, seeds=(3,), max_steps=30, **settings) -> EvalConfig:
+    """A small evaluation of ``run``: ``max_steps``-step episodes on ``seeds``."""
+    return EvalConfig(runs=[run], seeds=seeds, drive=DriveConfig(max_steps=max_steps), **settings)
+
+
 def test_episodes_logs_and_summary(trained_run, tmp_path):
-    rows = evaluate_closed_loop([trained_run], [3, 4], ["default", "shift-3"], 1, tmp_path, max_steps=40, progress=False)
+    rows = evaluate_closed_loop(evaluation(trained_run, (3, 4), 40, colour_presets=["default", "shift-3"]), tmp_path, progress=False)
     assert {(r["colour_preset"], r["episodes"], r["failed"]) for r in rows} == {("default", 2, 0), ("shift-3", 2, 0)}
     record = json.loads((tmp_path / "episodes" / "run_default_seed000003_r0.json").read_text())
     assert record["steps"] == 40 and record["reason"] == "time_limit" and not record["lap_finished"]
@@ -33,17 +38,18 @@ def test_episodes_logs_and_summary(trained_run, tmp_path):
 
 
 def test_same_seeds_give_identical_episodes_and_resume_skips_finished_ones(trained_run, tmp_path):
-    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False)
-    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "b", max_steps=30, progress=False)
+    config = evaluation(trained_run, repeats=2)
+    evaluate_closed_loop(config, tmp_path / "a", progress=False)
+    evaluate_closed_loop(config, tmp_path / "b", progress=False)
     a = np.load(tmp_path / "a" / "episodes" / "run_default_seed000003_r1.npz")
     b = np.load(tmp_path / "b" / "episodes" / "run_default_seed000003_r1.npz")
     assert np.array_equal(a["executed_action"], b["executed_action"])
     with pytest.raises(FileExistsError, match="--resume"):
-        evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False)
+        evaluate_closed_loop(config, tmp_path / "a", progress=False)
     finished = tmp_path / "a" / "episodes" / "run_default_seed000003_r0.json"
     stamp = finished.stat().st_mtime_ns
     (tmp_path / "a" / "episodes" / "run_default_seed000003_r1.json").unlink()  # a killed run lost this one
-    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path / "a", max_steps=30, progress=False, resume=True)
+    evaluate_closed_loop(config, tmp_path / "a", resume=True, progress=False)
     assert finished.stat().st_mtime_ns == stamp
     assert (tmp_path / "a" / "episodes" / "run_default_seed000003_r1.json").exists()
 
@@ -59,7 +65,7 @@ def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tm
         return prediction
 
     monkeypatch.setattr(driver.ControllerPolicy, "predict_episodes", broken)
-    rows = evaluate_closed_loop([trained_run], [3, 4], ["default"], 1, tmp_path, max_steps=20, progress=False)
+    rows = evaluate_closed_loop(evaluation(trained_run, (3, 4), 20), tmp_path, progress=False)
     assert rows[0]["episodes"] == 2 and rows[0]["failed"] == 2
     record = json.loads((tmp_path / "episodes" / "run_default_seed000004_r0.json").read_text())
     assert record["failed"] and "non-finite action" in record["reason"]
@@ -88,24 +94,25 @@ def test_aggregation_maths_on_known_records():
 
 
 def test_runs_times_trials_episodes_per_track(trained_run, tmp_path):
-    evaluate_closed_loop([trained_run], [3], ["default"], 2, tmp_path, max_steps=10, progress=False, trials=2)
+    evaluate_closed_loop(evaluation(trained_run, max_steps=10, repeats=2, trials=2), tmp_path, progress=False)
     assert sorted(p.name for p in (tmp_path / "episodes").glob("*.json")) == [f"run_default_seed000003_r{k}.json" for k in range(4)]
     settings = json.loads((tmp_path / "aggregates.json").read_text())
     assert (settings["repeats"], settings["trials"], settings["aggregates"][0]["episodes"]) == (2, 2, 4)
-    with pytest.raises(ValueError, match="--trials"):
-        evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "x", trials=0, progress=False)
+    with pytest.raises(ValueError, match="evaluation config trials must be >= 1, got 0"):
+        evaluation(trained_run, trials=0)
 
 
 def test_stock_renderer_episodes_and_a_bad_renderer(trained_run, tmp_path):
-    evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "stock", max_steps=60, progress=False, renderer="stock")
-    evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "fast", max_steps=60, progress=False)
+    stock = EvalConfig(runs=[trained_run], seeds=[3], drive=DriveConfig(max_steps=60, renderer="stock"))
+    evaluate_closed_loop(stock, tmp_path / "stock", progress=False)
+    evaluate_closed_loop(evaluation(trained_run, max_steps=60), tmp_path / "fast", progress=False)
     assert json.loads((tmp_path / "stock" / "aggregates.json").read_text())["renderer"] == "stock"
     stock, fast = (np.load(tmp_path / name / "episodes" / "run_default_seed000003_r0.npz") for name in ("stock", "fast"))
     assert stock["raw_action"].shape == fast["raw_action"].shape
     # frames agree to < 1/255 on average (bench/renderer.py), so the controller acts almost alike
     assert np.abs(stock["raw_action"] - fast["raw_action"]).mean() < 0.05
-    with pytest.raises(ValueError, match="--renderer"):
-        evaluate_closed_loop([trained_run], [3], ["default"], 1, tmp_path / "x", renderer="magic", progress=False)
+    with pytest.raises(ValueError, match="drive config renderer: expected one of stock, fast, got 'magic'"):
+        DriveConfig(renderer="magic")
 
 
 def test_throttle_cap_slows_down_only_when_steering_is_uncertain():

@@ -15,7 +15,7 @@ from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import SequenceDataset, load_episode_records
 from nsacdrive.data_collection.errors import DatasetError
-from nsacdrive.data_collection.recorder import MixingConfig, collect
+from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, collect
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.eval.dagger import Dagger, DaggerConfig, round_seeds
 from run_fixtures import tiny_run
@@ -76,8 +76,8 @@ def test_round_seeds_are_reproducible_distinct_and_from_the_pool():
 
 
 def test_dataset_reads_several_folders_and_names_a_missing_one(tmp_path):
-    collect("expert", [0], tmp_path / "a", workers=1, max_steps=60, progress=False)
-    collect("expert", [1], tmp_path / "b", workers=1, max_steps=60, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[0], max_steps=60), tmp_path / "a", progress=False)
+    collect(CollectConfig(agent="expert", seeds=[1], max_steps=60), tmp_path / "b", progress=False)
     both = SequenceDataset(f"{tmp_path / 'a'},{tmp_path / 'b'}", frame_stride=1, skip_intro=0)
     assert both.track_seeds == [0, 1]
     assert len(both) == len(SequenceDataset(tmp_path / "a", skip_intro=0)) + len(SequenceDataset(tmp_path / "b", skip_intro=0))

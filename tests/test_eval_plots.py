@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 from data_fixtures import normalize
-from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from nsacdrive.eval.plots import spearman, write_episode_figures, write_evaluation_figures
 from nsacdrive.eval.results import choose_episodes
 from nsacdrive.eval.video import DeterminismError, video_size, write_episode_video
@@ -28,8 +28,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def evaluation(tmp_path_factory) -> Path:
     """A tiny trained run (1 batch) driven on tracks 3 and 4 for 30 steps each. Read-only."""
     folder = tmp_path_factory.mktemp("plots")
-    tiny_run(folder, seeds=(0, 1), split=("0", "1", "1"))
-    evaluate_closed_loop([folder / "run"], [3, 4], ["default"], 1, folder / "eval", max_steps=STEPS, progress=False)
+    tiny_run(folder, seeds=(0, 1), split=("0", "1", "2"))  # splits are disjoint; the test track needs no episodes
+    evaluate_closed_loop(EvalConfig(runs=[folder / "run"], seeds=[3, 4], drive=DriveConfig(max_steps=STEPS)), folder / "eval", progress=False)
     return folder / "eval"
 
 

@@ -7,7 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from nsacdrive.eval.closed_loop import EpisodeKey, episode_generator, evaluate_closed_loop, resolve_inference, run_pipelined
+from nsacdrive.eval.closed_loop import (
+    DriveConfig,
+    EpisodeKey,
+    EvalConfig,
+    episode_generator,
+    evaluate_closed_loop,
+    resolve_inference,
+    run_pipelined,
+)
 from nsacdrive.eval.driver import ControllerPolicy
 from nsacdrive.eval.inference import InferenceError, InferenceProcess
 
@@ -80,7 +88,7 @@ def test_an_unloadable_run_fails_its_episodes(tmp_path):
     with pytest.raises(InferenceError, match="CheckpointError: .*missing: run folder does not exist"):
         InferenceProcess(tmp_path / "missing")
     groups = [[EpisodeKey(str(tmp_path / "missing"), "default", seed, 0)] for seed in (1, 2)]
-    results = run_pipelined(groups, 20, None, None)
+    results = run_pipelined(groups, DriveConfig(max_steps=20))
     assert [[record.failed for record, _ in group] for group in results] == [[True], [True]]
     assert "run folder does not exist" in results[0][0][0].reason
 
@@ -88,9 +96,9 @@ def test_an_unloadable_run_fails_its_episodes(tmp_path):
 def test_the_process_evaluation_writes_the_inline_episodes_bit_for_bit(nsac_run, tmp_path):
     """Five episodes, batch 2: three lockstep groups, driven as a pair plus a single in process mode."""
     torch.set_num_threads(1)
-    args = ([nsac_run], [3, 4, 5, 6, 7], ["default"], 1)
     for mode in ("inline", "process"):
-        evaluate_closed_loop(*args, tmp_path / mode, max_steps=30, progress=False, batch=2, workers=1, inference=mode)
+        config = EvalConfig(runs=[nsac_run], seeds=[3, 4, 5, 6, 7], drive=DriveConfig(max_steps=30), batch=2, inference=mode)
+        evaluate_closed_loop(config, tmp_path / mode, progress=False)
     for seed in (3, 4, 5, 6, 7):
         name = f"run_default_seed{seed:06d}_r0"
         inline, process = (np.load(tmp_path / mode / "episodes" / f"{name}.npz") for mode in ("inline", "process"))
@@ -121,7 +129,7 @@ def test_auto_gives_the_controller_a_process_only_when_cores_are_spare(monkeypat
     assert resolve_inference("auto", "process", 3) == "inline"
     assert resolve_inference("auto", "ray", 1) == "inline"
     assert resolve_inference("inline", "process", 1) == "inline"
-    with pytest.raises(ValueError, match="--inference process: only with --backend process"):
+    with pytest.raises(ValueError, match="inference 'process' needs backend 'process'"):
         resolve_inference("process", "ray", 1)
-    with pytest.raises(ValueError, match="--inference"):
+    with pytest.raises(ValueError, match="inference: expected one of auto, inline, process, got 'gpu'"):
         resolve_inference("gpu", "process", 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,15 @@ from float_paths import assert_predictions_agree, path_rtol, prediction_row
 from nsacdrive.controllers.heads import global_rng_from
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import build_controller
-from nsacdrive.eval.closed_loop import EpisodeKey, batch_groups, evaluate_closed_loop, run_episode, run_episodes
+from nsacdrive.eval.closed_loop import (
+    DriveConfig,
+    EpisodeKey,
+    EvalConfig,
+    batch_groups,
+    evaluate_closed_loop,
+    run_episode,
+    run_episodes,
+)
 from run_fixtures import TINY_MODEL
 
 TIMES = torch.tensor([[-0.06, -0.04, -0.02, 0.0]])
@@ -80,9 +89,9 @@ def nsac_run(tmp_path_factory):
 
 def test_a_group_drives_every_episode_like_its_own_loop(nsac_run):
     keys = [EpisodeKey(str(nsac_run), "default", seed, 0) for seed in (3, 4, 5)]
-    grouped = run_episodes(keys, 40, None, None)
+    grouped = run_episodes(keys, DriveConfig(max_steps=40))
     for key, (record, arrays) in zip(keys, grouped):
-        single, single_arrays = run_episode(key, 40, None, None)
+        single, single_arrays = run_episode(key, DriveConfig(max_steps=40))
         assert not record.failed and record.steps == single.steps == 40
         # the same episode: one network call for three rows only changes float rounding
         np.testing.assert_allclose(arrays["executed_action"], single_arrays["executed_action"], atol=1e-3)
@@ -90,9 +99,9 @@ def test_a_group_drives_every_episode_like_its_own_loop(nsac_run):
 
 
 def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_run, tmp_path):
-    args = ([nsac_run], [3, 4, 5], ["default"], 1)
-    evaluate_closed_loop(*args, tmp_path / "one", max_steps=30, progress=False, batch=2, workers=1)
-    evaluate_closed_loop(*args, tmp_path / "two", max_steps=30, progress=False, batch=2, workers=2)
+    config = EvalConfig(runs=[nsac_run], seeds=[3, 4, 5], drive=DriveConfig(max_steps=30), batch=2)
+    evaluate_closed_loop(config, tmp_path / "one", progress=False)
+    evaluate_closed_loop(dataclasses.replace(config, workers=2), tmp_path / "two", progress=False)
     for seed in (3, 4, 5):
         name = f"run_default_seed{seed:06d}_r0"
         one, two = (np.load(tmp_path / d / "episodes" / f"{name}.npz") for d in ("one", "two"))
@@ -100,8 +109,8 @@ def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_
     record = json.loads((tmp_path / "one" / "episodes" / "run_default_seed000004_r0.json").read_text())
     assert record["batch_group"] == [["default", 3, 0], ["default", 4, 0]]
     assert json.loads((tmp_path / "one" / "aggregates.json").read_text())["batch"] == 2
-    with pytest.raises(ValueError, match="--batch"):
-        evaluate_closed_loop(*args, tmp_path / "x", batch=0, progress=False)
+    with pytest.raises(ValueError, match="evaluation config batch must be >= 1, got 0"):
+        dataclasses.replace(config, batch=0)
 
 
 def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simulator(tmp_path):
@@ -116,8 +125,7 @@ def test_a_udacity_observation_controller_is_evaluated_on_the_front_camera_simul
     write_config(tmp_path / "run", config.to_dict())
     save_weights(build_controller(model), tmp_path / "run" / WEIGHTS_FILE)
     frames: list[np.ndarray] = []
-    record, arrays = run_episode(EpisodeKey(str(tmp_path / "run"), "shift-3", 3, 0), 25, 4, None,
-                                 on_frame=lambda frame: frames.append(frame))
+    record, arrays = run_episode(EpisodeKey(str(tmp_path / "run"), "shift-3", 3, 0), DriveConfig(max_steps=25, samples=4), on_frame=lambda frame: frames.append(frame))
     assert not record.failed and record.steps == 25, record.reason
     assert frames[0].shape == (160, 320, 3) and len(frames) == 25  # the front camera, not the 96×96 top view
     assert arrays["attention"].shape == (25, 3) and np.allclose(arrays["attention"].sum(1), 1, atol=1e-4)
@@ -143,7 +151,7 @@ def test_an_internals_recorder_stops_when_its_episode_ends_in_a_longer_group(nsa
     monkeypatch.setattr(driver.ControllerPolicy, "predict_episodes", row_one_fails_at_its_sixth_prediction)
     recorders = [InternalsRecorder(), InternalsRecorder()]
     keys = [EpisodeKey(str(nsac_run), "default", seed, 0) for seed in (3, 4)]
-    results = run_episodes(keys, 30, None, None, on_policy=lambda policy: [r.attach(policy, row) for row, r in enumerate(recorders)])
+    results = run_episodes(keys, DriveConfig(max_steps=30), on_policy=lambda policy: [r.attach(policy, row) for row, r in enumerate(recorders)])
     (first, _), (second, _) = results
     assert not first.failed and first.steps == 30 and second.failed and "non-finite" in second.reason
     assert recorders[0].kind == "nsac" and len(recorders[0].rows) == 30

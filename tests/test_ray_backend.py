@@ -7,6 +7,7 @@ clusters do not interfere (fresh cluster per start, one shared auth token).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 from data_fixtures import normalize
 from nsacdrive.common.backends import RAY_MISSING, ray_cluster, run_tasks
-from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from run_fixtures import tiny_run
 from typer.testing import CliRunner
 
@@ -52,8 +53,8 @@ def test_run_tasks_gives_the_same_single_threaded_results_on_every_backend(local
 
 
 def test_ray_and_process_backends_drive_identical_episodes(local_ray, trained_run, tmp_path):
-    settings = dict(runs=[trained_run], seeds=[3, 4], presets=["default"], repeats=1, max_steps=40, progress=False)
-    rows = {backend: evaluate_closed_loop(out_dir=tmp_path / backend, workers=workers, backend=backend, **settings)
+    config = EvalConfig(runs=[trained_run], seeds=[3, 4], drive=DriveConfig(max_steps=40))
+    rows = {backend: evaluate_closed_loop(dataclasses.replace(config, workers=workers, backend=backend), tmp_path / backend, progress=False)
             for backend, workers in (("process", 1), ("ray", 2))}
     assert rows["ray"] == rows["process"] and rows["ray"][0]["episodes"] == 2 and rows["ray"][0]["failed"] == 0
     for seed in (3, 4):

@@ -20,7 +20,7 @@ from nsacdrive.agents.rollout import apply_action_noise, termination_reason
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
 from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest
-from nsacdrive.data_collection.recorder import EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
+from nsacdrive.data_collection.recorder import CollectConfig, EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
 from nsacdrive.envs.car_racing import ENV_ID
 from nsacdrive.envs.colours import resolve_colour_scheme
 from nsacdrive.envs.observation import PREPROCESS_VERSION, preprocess_observation
@@ -36,7 +36,7 @@ IDS = {seed: f"expert_{PRESET}_seed{seed:06d}" for seed in SEEDS}
 def recorded(tmp_path_factory):
     """(folder, CollectionSummary) of the shared recording. Treat as read-only."""
     out = tmp_path_factory.mktemp("recorded")
-    summary = collect("expert", SEEDS, out, colour_presets=[PRESET], max_steps=STEPS, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=SEEDS, colour_presets=[PRESET], max_steps=STEPS), out, progress=False)
     return out, summary
 
 
@@ -174,7 +174,7 @@ def test_dataset_over_a_real_recording(recorded):
 def test_same_seed_gives_byte_identical_files(recorded, tmp_path):
     out, _ = recorded
     again = tmp_path / "again"
-    summary = collect("expert", [3], again, colour_presets=[PRESET], max_steps=STEPS, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=[3], colour_presets=[PRESET], max_steps=STEPS), again, progress=False)
     assert summary.written == 1
     name = IDS[3]
     assert (again / f"{name}.npz").read_bytes() == (out / f"{name}.npz").read_bytes()
@@ -192,7 +192,7 @@ def test_encode_of_rerun_equals_file(recorded):
 def test_two_workers_give_the_same_bytes_as_one(recorded, tmp_path):
     out, _ = recorded
     parallel = tmp_path / "parallel"
-    summary = collect("expert", SEEDS, parallel, colour_presets=[PRESET], max_steps=STEPS, workers=2, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=SEEDS, colour_presets=[PRESET], max_steps=STEPS, workers=2), parallel, progress=False)
     assert (summary.written, summary.skipped, summary.steps) == (2, 0, 2 * STEPS)
     assert file_bytes(parallel) == file_bytes(out)
     assert len(file_bytes(out)) == 2
@@ -240,7 +240,7 @@ def test_resume_rerecords_only_the_broken_episode(recorded, tmp_path, crash):
     crash(folder, victim)
     before = {p.name: _stat(p) for p in (folder / f"{survivor}.npz", folder / f"{survivor}.json")}
 
-    summary = collect("expert", SEEDS, folder, colour_presets=[PRESET], max_steps=STEPS, resume=True, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=SEEDS, colour_presets=[PRESET], max_steps=STEPS), folder, resume=True, progress=False)
 
     assert (summary.written, summary.skipped, summary.steps) == (1, 1, STEPS)
     assert {name: _stat(folder / name) for name in before} == before  # untouched survivor
@@ -253,7 +253,7 @@ def test_resume_rerecords_only_the_broken_episode(recorded, tmp_path, crash):
 def test_resume_on_a_complete_folder_writes_nothing(recorded, tmp_path):
     folder = _copy(recorded[0], tmp_path / "data")
     before = {p.name: _stat(p) for p in folder.glob("*.npz")} | {p.name: _stat(p) for p in folder.glob("expert*.json")}
-    summary = collect("expert", SEEDS, folder, colour_presets=[PRESET], max_steps=STEPS, resume=True, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=SEEDS, colour_presets=[PRESET], max_steps=STEPS), folder, resume=True, progress=False)
     assert (summary.written, summary.skipped, summary.steps) == (0, 2, 0)
     assert {name: _stat(folder / name) for name in before} == before
 
@@ -263,7 +263,7 @@ def test_existing_episodes_without_resume_raise_naming_resume(recorded, tmp_path
     (folder / f"{IDS[7]}.json").unlink()  # even a partly complete folder is refused
     before = {p.name: _stat(p) for p in folder.iterdir()}
     with pytest.raises(FileExistsError) as excinfo:
-        collect("expert", SEEDS, folder, colour_presets=[PRESET], max_steps=STEPS, progress=False)
+        collect(CollectConfig(agent="expert", seeds=SEEDS, colour_presets=[PRESET], max_steps=STEPS), folder, progress=False)
     message = str(excinfo.value)
     assert "--resume" in message and str(folder) in message
     assert "1 of these episodes already exist" in message and IDS[3] in message
@@ -285,11 +285,13 @@ def test_episode_is_complete(recorded, tmp_path):
 
 def test_collect_validates_before_creating_anything(tmp_path):
     with pytest.raises(ValueError, match="unknown colour preset 'neon'"):
-        collect("expert", [0], tmp_path / "a", colour_presets=["default", "neon"], max_steps=10, progress=False)
+        collect(CollectConfig(agent="expert", seeds=[0], colour_presets=["default", "neon"], max_steps=10), tmp_path / "a", progress=False)
     with pytest.raises(ValueError, match="--agent: unknown agent 'pilot'"):
-        collect("pilot", [0], tmp_path / "b", max_steps=10, progress=False)
-    with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
-        collect("expert", [0], tmp_path / "c", workers=0, max_steps=10, progress=False)
+        collect(CollectConfig(agent="pilot", seeds=[0], max_steps=10), tmp_path / "b", progress=False)
+    with pytest.raises(ValueError, match="collect config workers must be >= 1, got 0"):
+        collect(CollectConfig(agent="expert", seeds=[0], max_steps=10, workers=0), tmp_path / "c", progress=False)
+    with pytest.raises(ValueError, match=r"collect config seeds: listed twice in \[0, 0\]"):
+        CollectConfig(agent="expert", seeds=[0, 0])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -337,7 +339,7 @@ NOISY_STEPS = 60
 @pytest.fixture(scope="module")
 def noisy(tmp_path_factory):
     out = tmp_path_factory.mktemp("noisy")
-    collect("expert", [3], out, colour_presets=["default"], noise=NOISE, max_steps=NOISY_STEPS, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[3], noise=NOISE, max_steps=NOISY_STEPS), out, progress=False)
     episode_id = "expert_default_seed000003_noise0.3-1"
     sidecar, arrays = load_episode_arrays(out / f"{episode_id}.json")
     return out / f"{episode_id}.npz", sidecar, arrays
@@ -417,8 +419,8 @@ def test_recordings_use_the_fast_renderer_by_default_and_say_so(recorded, tmp_pa
     folder, _ = recorded
     sidecars = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json")) if p.name != MANIFEST_NAME]
     assert sidecars and all(s["renderer"] == "fast" for s in sidecars)
-    collect("expert", [3], tmp_path / "stock", ["default"], workers=1, max_steps=20, progress=False, renderer="stock")
+    collect(CollectConfig(agent="expert", seeds=[3], max_steps=20, renderer="stock"), tmp_path / "stock", progress=False)
     stock = json.loads(next((tmp_path / "stock").glob("expert_*.json")).read_text())
     assert stock["renderer"] == "stock"
-    with pytest.raises(ValueError, match="--renderer"):
-        collect("expert", [3], tmp_path / "bad", ["default"], workers=1, max_steps=20, progress=False, renderer="gl")
+    with pytest.raises(ValueError, match="collect config renderer: expected one of stock, fast, got 'gl'"):
+        CollectConfig(agent="expert", seeds=[3], renderer="gl")

@@ -15,8 +15,8 @@ from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import sequence_offsets, sequence_timestamps
-from nsacdrive.data_collection.recorder import collect
-from nsacdrive.eval.closed_loop import evaluate_closed_loop
+from nsacdrive.data_collection.recorder import CollectConfig, collect
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from nsacdrive.eval.explain.potentials import InternalsRecorder, band_statistics, correlations, steer_bands, unwrapped_progress
 from nsacdrive.eval.explain.report import ReportConfig, write_report
 from nsacdrive.eval.explain.saliency import TARGETS, GradCamUnavailable, SaliencyConfig, SaliencyInputs, grad_cam, sanity_check
@@ -33,7 +33,7 @@ CLEAN, SHIFTED = "run_default_seed000003_r0", "run_shift-3_seed000003_r0"
 
 def _train(folder: Path, data: Path, model: str) -> Path:
     config = TrainConfig(data=str(data), model=ModelConfig(model=model, **TINY), train_seeds="0", val_seeds="1",
-                         test_seeds="1", batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1,
+                         test_seeds="2", batch_size=8, epochs=1, max_batches_per_epoch=1, max_val_batches=1,
                          train_presets=["default"])
     Trainer(config, folder, progress=False).fit()
     return folder
@@ -42,7 +42,7 @@ def _train(folder: Path, data: Path, model: str) -> Path:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("report_data")
-    collect("expert", [0, 1], folder, ["default", "shift-3"], workers=1, max_steps=80, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[0, 1, 2], colour_presets=["default", "shift-3"], max_steps=80), folder, progress=False)
     return folder
 
 
@@ -51,7 +51,7 @@ def nsac_eval(data, tmp_path_factory) -> Path:
     """A tiny NSAC run (1 batch) driven on track 3, clean and shift-3, 40 steps each. Read-only."""
     folder = tmp_path_factory.mktemp("report_nsac")
     run = _train(folder / "run", data, "nsac")
-    evaluate_closed_loop([run], [3], ["default", "shift-3"], 1, folder / "eval", max_steps=STEPS, progress=False)
+    evaluate_closed_loop(EvalConfig(runs=[run], seeds=[3], colour_presets=["default", "shift-3"], drive=DriveConfig(max_steps=STEPS)), folder / "eval", progress=False)
     write_tables([evaluate_run(run, data, perturbed_preset="shift-3", max_samples=16)], folder / "offline")
     return folder / "eval"
 
@@ -185,7 +185,7 @@ def test_internals_of_other_heads(data, tmp_path, model, kind, names):
     """Lévy gives evidence/disagreement/σ̂ traces, NAC-based heads circuit groups and attention,
     heads without an attention circuit nothing (and a reason)."""
     run = _train(tmp_path / "run", data, model)
-    evaluate_closed_loop([run], [3], ["default"], 1, tmp_path / "eval", max_steps=20, progress=False)
+    evaluate_closed_loop(EvalConfig(runs=[run], seeds=[3], drive=DriveConfig(max_steps=20)), tmp_path / "eval", progress=False)
     recorder = InternalsRecorder()
     redrive_episode(tmp_path / "eval", "run_default_seed000003_r0", on_agent=recorder.attach)
     traces = recorder.traces()

@@ -92,6 +92,17 @@ def test_parse_keeps_order_of_listed_seeds(seeds):
     assert parse_seeds(",".join(map(str, seeds))) == seeds
 
 
+def test_a_hundred_thousand_listed_seeds_parse_in_order():
+    seeds = [(7919 * k) % 100_003 for k in range(100_000)]  # distinct (100003 is prime), scrambled
+    assert parse_seeds(",".join(map(str, seeds))) == seeds
+
+
+def test_duplicates_among_many_seeds_are_all_named_sorted():
+    text = ",".join(map(str, range(100_000))) + ",99999,5,0-2"
+    with pytest.raises(ValueError, match=r"seeds listed twice: \[0, 1, 2, 5, 99999\]$"):
+        parse_seeds(text)
+
+
 # --------------------------------------------------------------------------- atomic writes
 
 

@@ -12,7 +12,7 @@ from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import SequenceDataset, load_episode_records
-from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.envs.observation import preprocess_observation
 
 TINY = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4, speed_input=True)
@@ -21,7 +21,7 @@ TINY = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=1
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("speed")
-    collect("expert", [0, 1, 2], folder, ["default"], workers=1, max_steps=80, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[0, 1, 2], max_steps=80), folder, progress=False)
     return folder
 
 

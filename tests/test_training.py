@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from float_paths import assert_predictions_agree, path_rtol
-from nsacdrive.controllers.checkpoint import CheckpointError
+from nsacdrive.controllers.checkpoint import LAST_WEIGHTS, CheckpointError, latest_checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import MODEL_BUILDERS
@@ -19,7 +19,7 @@ from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import load_episode_arrays
-from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.eval.driver import ControllerAgent
 from safetensors.torch import load_file
 
@@ -36,8 +36,8 @@ def tiny_model(name: str) -> ModelConfig:
 def dataset(tmp_path_factory):
     """Expert episodes of 110 steps (seeds 0, 1, 2; seed 2 also as shift-3): 54 sequences each after the intro."""
     folder = tmp_path_factory.mktemp("demos")
-    collect("expert", [0, 1, 2], folder, ["default"], workers=1, max_steps=110, progress=False)
-    collect("expert", [2], folder, ["shift-3"], workers=1, max_steps=110, progress=False)  # the test track, recoloured
+    collect(CollectConfig(agent="expert", seeds=[0, 1, 2], max_steps=110), folder, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[2], colour_presets=["shift-3"], max_steps=110), folder, progress=False)  # the test track, recoloured
     return folder
 
 
@@ -79,8 +79,8 @@ def test_resume_continues_exactly(dataset, tmp_path):
     # a new process would rebuild the trainer from the same config and resume
     (tmp_path / "resumed" / "config.json").write_text(json.dumps(Trainer(config, tmp_path / "x", progress=False).config.to_dict()))
     Trainer(config, tmp_path / "resumed", progress=False).fit(resume=True)
-    a = load_file(tmp_path / "straight" / "resume" / "last.safetensors")
-    b = load_file(tmp_path / "resumed" / "resume" / "last.safetensors")
+    a = load_file(latest_checkpoint(tmp_path / "straight").path(LAST_WEIGHTS))
+    b = load_file(latest_checkpoint(tmp_path / "resumed").path(LAST_WEIGHTS))
     assert all(torch.equal(a[k], b[k]) for k in a)
     history = json.loads((tmp_path / "resumed" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2]
@@ -107,6 +107,9 @@ def test_checkpoint_errors_name_the_file(dataset, tmp_path):
     (run / "config.json").write_text(json.dumps(config))
     load_run(run)
     (run / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: sha256 .* differs from .* recorded in checksums\.json"):
+        load_run(run)
+    (run / "checksums.json").unlink()  # a run written before checksums were recorded
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         load_run(run)
     (run / "model.safetensors").unlink()

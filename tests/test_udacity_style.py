@@ -17,7 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.data_collection.episode import load_episode_arrays
-from nsacdrive.data_collection.recorder import collect
+from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
 from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_PER_UNIT_PER_SECOND
 from nsacdrive.envs.colours import DEFAULT_SCHEME, resolve_colour_scheme
@@ -222,8 +222,7 @@ def recordings(tmp_path_factory):
     """The same episode recorded in both layouts: (episodes folder, udacity folder)."""
     root = tmp_path_factory.mktemp("udacity-style")
     for layout in ("episodes", "udacity"):
-        summary = collect("expert", [SEED], root / layout, env="udacity-style", layout=layout, max_steps=STEPS,
-                          progress=False)
+        summary = collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", layout=layout), root / layout, progress=False)
         assert (summary.written, summary.steps) == (1, STEPS)
     return root / "episodes", root / "udacity"
 
@@ -268,13 +267,12 @@ def test_udacity_layout_resumes_and_is_deterministic(recordings, tmp_path):
     images = sorted((folder / IMG_DIR).iterdir())
     before = {p: p.stat().st_mtime_ns for p in images}
     with pytest.raises(FileExistsError, match="--resume"):
-        collect("expert", [SEED], folder, env="udacity-style", layout="udacity", max_steps=STEPS, progress=False)
-    summary = collect("expert", [SEED], folder, env="udacity-style", layout="udacity", max_steps=STEPS,
-                      progress=False, resume=True)
+        collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", layout="udacity"), folder, progress=False)
+    summary = collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", layout="udacity"), folder, resume=True, progress=False)
     assert (summary.written, summary.skipped) == (0, 1)
     assert {p: p.stat().st_mtime_ns for p in images} == before
     again = tmp_path / "again"
-    collect("expert", [SEED], again, env="udacity-style", layout="udacity", max_steps=STEPS, progress=False)
+    collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", layout="udacity"), again, progress=False)
     assert [p.name for p in sorted((again / IMG_DIR).iterdir())] == [p.name for p in images]
     assert all((again / IMG_DIR / p.name).read_bytes() == p.read_bytes() for p in images[:: len(images) // 5])
     relocated = (again / "driving_log.csv").read_text().replace(str(again.resolve()), str(folder.resolve()))
@@ -284,15 +282,15 @@ def test_udacity_layout_resumes_and_is_deterministic(recordings, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"layout": "udacity"}, "--layout udacity needs --env udacity-style"),
+        ({"layout": "udacity"}, "layout 'udacity' needs env 'udacity-style'"),
         ({"env": "udacity-style", "renderer": "stock"}, "draws its own front camera"),
-        ({"env": "carla"}, "--env: expected one of carracing, udacity-style"),
-        ({"env": "udacity-style", "layout": "zip"}, "--layout: expected one of episodes, udacity"),
+        ({"env": "carla"}, "env: expected one of carracing, udacity-style"),
+        ({"env": "udacity-style", "layout": "zip"}, "layout: expected one of episodes, udacity"),
     ],
 )
 def test_collect_rejects_bad_env_and_layout(tmp_path, kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
-        collect("expert", [0], tmp_path / "out", max_steps=5, progress=False, **kwargs)
+        collect(CollectConfig(agent="expert", seeds=[0], max_steps=5, **kwargs), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
 

@@ -64,7 +64,7 @@ from nsacdrive.eval.explain.saliency import (
 )
 from nsacdrive.eval.offline import METRICS, table_rows
 from nsacdrive.eval.plots import env_track, offline_figure, save_figure, write_episode_figures, write_evaluation_figures
-from nsacdrive.eval.results import EvaluationError, choose_episodes, group_label, load_aggregates, load_records
+from nsacdrive.eval.results import EvaluationError, choose_episodes, drive_config, group_label, load_aggregates, load_records
 from nsacdrive.eval.video import redrive_episode
 
 DEFAULT_PERTURBATION = "shift-3"
@@ -181,9 +181,8 @@ class Report:
         """The same track and repeat under another colour preset (not part of the evaluation)."""
         key = EpisodeKey(str(self.run_dir), preset, seed, repeat)
         frames: list[np.ndarray] = []
-        record, arrays = run_episode(key, self.settings["max_steps"], self.samples, self.settings["throttle_cap"],
-                                     on_frame=lambda frame: frames.append(np.array(frame)),
-                                     renderer=self.settings.get("renderer", "fast"))
+        record, arrays = run_episode(key, drive_config(self.eval_dir, self.samples),
+                                     on_frame=lambda frame: frames.append(np.array(frame)))
         if record.failed:
             raise EvaluationError(f"{key.episode_id}: driving under {preset} for the Grad-CAM frames failed ({record.reason})")
         return Drive(f"{key.episode_id} (re-driven for this report)", preset, arrays, frames, InternalsRecorder(), logged=False)
