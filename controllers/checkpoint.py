@@ -3,44 +3,108 @@
 Layout of a run folder::
 
     config.json            TrainConfig (data, split, model, optimiser, seed …)
+    versions.json          the software versions the run was made with (nsacdrive.common.versions)
     model.safetensors      best-validation weights (what evaluation and driving load)
+    checksums.json         sha256 of model.safetensors, checked whenever it is loaded
     history.json           per-epoch losses, learning rate, timing
-    resume/last.safetensors, resume/state.pt   last-epoch weights + optimiser/scheduler/counters
+    resume/epoch-NNNN/     the checkpoint after epoch NNNN: last.safetensors, best.safetensors,
+                           state.pt (optimiser, scheduler, counters) and their checksums.json
     tensorboard/           TensorBoard event files
 
-Every file is written atomically. Loading checks that the files exist, parse, and that the
-weights match the architecture the config describes; otherwise :class:`CheckpointError` says
-which file and what disagrees.
+Every file is written atomically, and a checkpoint is ONE unit: its folder is written under a
+temporary name and renamed when complete, so a kill while saving leaves the previous checkpoint
+whole; ``model.safetensors`` and ``history.json`` are published from it afterwards (and again on
+resume, repairing a kill in between). Loading checks that the files exist, parse, match their
+recorded sha256, and that the weights match the architecture the config describes; otherwise
+:class:`CheckpointError` says which file and what disagrees.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_bytes, atomic_write_json
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+CHECKSUMS_FILE = "checksums.json"
+RESUME_DIR = "resume"
+LAST_WEIGHTS, BEST_WEIGHTS, TRAINER_STATE = "last.safetensors", "best.safetensors", "state.pt"
+_EPOCH_FOLDER = re.compile(r"epoch-(\d{4,})")
 
 
 class CheckpointError(ValueError):
     """A run folder that cannot be loaded; the message names the file and the problem."""
 
 
+def weights_bytes(module: torch.nn.Module) -> bytes:
+    """The safetensors file of ``module``'s state dict (CPU, contiguous)."""
+    return save({name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()})
+
+
 def save_weights(module: torch.nn.Module, path: Path) -> None:
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
-    atomic_write_bytes(path, save(state))
+    """Write ``module``'s weights to ``path`` and record their sha256 beside it."""
+    write_recorded(Path(path), weights_bytes(module))
+
+
+def write_recorded(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, then record its sha256 in the folder's ``checksums.json``."""
+    atomic_write_bytes(path, data)
+    checksums = read_checksums(path.parent)
+    atomic_write_json(path.parent / CHECKSUMS_FILE, {**checksums, path.name: hashlib.sha256(data).hexdigest()})
+
+
+def read_checksums(folder: Path) -> dict[str, str]:
+    """File name → sha256 recorded in ``folder/checksums.json`` (empty when there is none)."""
+    path = Path(folder) / CHECKSUMS_FILE
+    try:
+        checksums = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        raise CheckpointError(f"{path}: expected an object of file name → sha256, got {checksums!r}")
+    return checksums
+
+
+def verify_checksum(path: Path, required: bool = False) -> None:
+    """Raise CheckpointError naming ``path`` if its sha256 differs from the one recorded beside it.
+
+    A file with no record passes (folders written before checksums were recorded) unless ``required``."""
+    path = Path(path)
+    expected = read_checksums(path.parent).get(path.name)
+    if expected is None:
+        if required:
+            raise CheckpointError(f"{path}: no sha256 recorded in {path.parent / CHECKSUMS_FILE}")
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise CheckpointError(f"{path}: sha256 {digest.hexdigest()[:12]}… differs from {expected[:12]}… recorded in {CHECKSUMS_FILE}; "
+                              "the file is corrupt or was changed after it was saved (a training run killed while saving "
+                              "is repaired by `train --resume`)")
 
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights strictly; mismatches with the architecture raise CheckpointError."""
+    """Load safetensors weights strictly after checking their recorded sha256; a corrupt file or a
+    mismatch with the architecture raises CheckpointError."""
     if not path.exists():
         raise CheckpointError(f"{path}: weights file is missing")
+    verify_checksum(path)
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -76,3 +140,73 @@ def read_config(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: config file is missing") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The resume state after one epoch, ``resume/epoch-NNNN/`` (see the module docstring)."""
+
+    folder: Path
+
+    FILES = (LAST_WEIGHTS, BEST_WEIGHTS, TRAINER_STATE)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed when this checkpoint was written."""
+        return int(_EPOCH_FOLDER.fullmatch(self.folder.name).group(1))  # type: ignore[union-attr]
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def verify(self) -> None:
+        """Every file is there and matches its recorded sha256, else CheckpointError naming it."""
+        for name in self.FILES:
+            if not self.path(name).exists():
+                raise CheckpointError(f"{self.path(name)}: checkpoint file is missing")
+            verify_checksum(self.path(name), required=True)
+
+    def read(self, name: str) -> bytes:
+        verify_checksum(self.path(name), required=True)
+        return self.path(name).read_bytes()
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """The complete checkpoint of the most epochs in ``run_dir/resume`` (unfinished writes are ignored), or None."""
+    folders = [f for f in (Path(run_dir) / RESUME_DIR).glob("epoch-*") if f.is_dir() and _EPOCH_FOLDER.fullmatch(f.name)]
+    return Checkpoint(max(folders, key=lambda f: int(f.name.split("-")[1]))) if folders else None
+
+
+def write_checkpoint(run_dir: Path, epoch: int, files: dict[str, bytes]) -> Checkpoint:
+    """Write ``files`` (every name of :attr:`Checkpoint.FILES`) as the checkpoint of ``epoch``, as one unit:
+    into a temporary folder, with their checksums, renamed to ``resume/epoch-NNNN`` when complete."""
+    if set(files) != set(Checkpoint.FILES):
+        raise ValueError(f"a checkpoint holds {Checkpoint.FILES}, got {sorted(files)}")
+    resume = Path(run_dir) / RESUME_DIR
+    resume.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".epoch-{epoch:04d}.", suffix=PARTIAL_SUFFIX, dir=resume))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(partial, 0o777 & ~umask)  # mkdtemp creates 0700; finished folders get normal permissions
+    for name, data in files.items():
+        write_recorded(partial / name, data)
+    final = resume / f"epoch-{epoch:04d}"
+    os.replace(partial, final)  # the commit point: the folder appears complete or not at all
+    return Checkpoint(final)
+
+
+def publish(run_dir: Path, checkpoint: Checkpoint) -> None:
+    """Make ``run_dir/model.safetensors`` the checkpoint's best weights (rewritten only when they differ),
+    and drop every other checkpoint and unfinished write in ``run_dir/resume``."""
+    run_dir = Path(run_dir)
+    best = checkpoint.read(BEST_WEIGHTS)
+    digest = hashlib.sha256(best).hexdigest()
+    target = run_dir / WEIGHTS_FILE
+    if read_checksums(run_dir).get(WEIGHTS_FILE) != digest or not target.exists() or target.read_bytes() != best:
+        write_recorded(target, best)
+    for folder in (run_dir / RESUME_DIR).iterdir():
+        if folder == checkpoint.folder:
+            continue
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        else:
+            folder.unlink()

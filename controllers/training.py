@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import math
 import time
@@ -32,11 +33,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from nsacdrive.common.atomic import atomic_path, atomic_write_json
+from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.augment import colour_augment
-from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, CheckpointError, load_weights, read_config, save_weights, write_config
+from nsacdrive.controllers.checkpoint import (
+    BEST_WEIGHTS,
+    LAST_WEIGHTS,
+    RESUME_DIR,
+    TRAINER_STATE,
+    WEIGHTS_FILE,
+    Checkpoint,
+    CheckpointError,
+    latest_checkpoint,
+    load_weights,
+    publish,
+    read_config,
+    weights_bytes,
+    write_checkpoint,
+    write_config,
+)
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import pick_device
@@ -122,7 +138,7 @@ class Trainer:
         """Start from another run's best weights; its architecture must be this run's."""
         source = ModelConfig.from_dict(read_config(run_dir)["model"])
         if source != self.config.model:
-            raise CheckpointError(f"--init {run_dir}: its model config {source.to_dict()} differs from this run's "
+            raise CheckpointError(f"init_from {run_dir}: its model config {source.to_dict()} differs from this run's "
                                   f"{self.config.model.to_dict()}")
         load_weights(self.model, run_dir / WEIGHTS_FILE)
 
@@ -140,31 +156,48 @@ class Trainer:
         return colour_augment(frames, self.config.augment, generator)
 
     # ------------------------------------------------------------------ persistence
-    @property
-    def resume_dir(self) -> Path:
-        return self.run_dir / "resume"
+    def save_checkpoint(self, improved: bool) -> None:
+        """Commit this epoch's resume state as one unit (resume/epoch-NNNN), then publish its best
+        weights as model.safetensors and the history (see :mod:`nsacdrive.controllers.checkpoint`)."""
+        last = weights_bytes(self.model)
+        previous = latest_checkpoint(self.run_dir)
+        best = last if improved or previous is None else previous.read(BEST_WEIGHTS)
+        state = io.BytesIO()
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "train_state": dataclasses.asdict(self.state)}, state)
+        checkpoint = write_checkpoint(self.run_dir, self.state.epoch, {LAST_WEIGHTS: last, BEST_WEIGHTS: best, TRAINER_STATE: state.getvalue()})
+        self._publish(checkpoint)
 
-    def save_resume_state(self) -> None:
-        save_weights(self.model, self.resume_dir / "last.safetensors")
-        with atomic_path(self.resume_dir / "state.pt") as tmp:
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                        "train_state": dataclasses.asdict(self.state)}, tmp)
+    def _publish(self, checkpoint: Checkpoint) -> None:
+        publish(self.run_dir, checkpoint)
         atomic_write_json(self.run_dir / "history.json", self.state.history)
 
-    def load_resume_state(self) -> None:
+    def load_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Continue from ``checkpoint`` (verified first); the config must be the run's config.json."""
         saved = self.config.to_dict()
         # through the dataclass, so fields added since the run was written compare at their defaults
         on_disk = TrainConfig.from_dict(read_config(self.run_dir)).to_dict()
         if json.loads(json.dumps(on_disk)) != json.loads(json.dumps(saved)):
             raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
-        load_weights(self.model, self.resume_dir / "last.safetensors")
-        try:
-            blob = torch.load(self.resume_dir / "state.pt", weights_only=False)
-        except FileNotFoundError:
-            raise CheckpointError(f"{self.resume_dir / 'state.pt'}: resume state is missing") from None
+        checkpoint.verify()
+        load_weights(self.model, checkpoint.path(LAST_WEIGHTS))
+        blob = torch.load(io.BytesIO(checkpoint.read(TRAINER_STATE)), weights_only=False)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainState(**blob["train_state"])
+        if self.state.epoch != checkpoint.epoch:
+            raise CheckpointError(f"{checkpoint.path(TRAINER_STATE)}: holds the state after epoch {self.state.epoch}, "
+                                  f"but its folder is {checkpoint.folder.name}")
+        self._publish(checkpoint)  # repairs a kill between the checkpoint's commit and its publication
+
+    def _start(self, resume: bool) -> None:
+        """A new run in ``run_dir``, which must not hold another one."""
+        if (self.run_dir / WEIGHTS_FILE).exists():
+            if not resume:
+                raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
+            raise CheckpointError(f"{self.run_dir}: --resume found {WEIGHTS_FILE} but no complete checkpoint in {RESUME_DIR}/ "
+                                  "(a run from an older nsacdrive, or resume/ was removed); train into another run folder")
+        write_config(self.run_dir, self.config.to_dict())
 
     # ------------------------------------------------------------------ epochs
     def _perturb(self, generator: torch.Generator):
@@ -255,12 +288,13 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainState:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume and (self.resume_dir / "state.pt").exists():
-            self.load_resume_state()
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is not None and not resume:
+            raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
         else:  # --resume on a run that never finished an epoch simply starts it
-            if (self.run_dir / WEIGHTS_FILE).exists() or (self.resume_dir / "state.pt").exists():
-                raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
-            write_config(self.run_dir, cfg.to_dict())
+            self._start(resume)
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.epoch)
@@ -274,14 +308,14 @@ class Trainer:
                 for key, value in record.items():
                     if key != "epoch":
                         writer.add_scalar(key, value, epoch + 1)
-                if record["val_total"] < self.state.best_val:
+                improved = record["val_total"] < self.state.best_val
+                if improved:
                     self.state.best_val, self.state.bad_epochs = record["val_total"], 0
-                    save_weights(self.model, self.run_dir / WEIGHTS_FILE)
                 else:
                     self.state.bad_epochs += 1
                 self.state.history.append(record)
                 self.state.epoch += 1
-                self.save_resume_state()
+                self.save_checkpoint(improved)
                 if self.progress:
                     tqdm.write(f"epoch {epoch + 1}: train {record['train_total']:.4f}  val {record['val_total']:.4f}  "
                                f"lr {record['lr']:.2e}  ({record['seconds']:.0f}s)")

@@ -144,10 +144,7 @@ def seed_repeats(run_dir: Path, count: int, progress: bool = True) -> list[Path]
     runs = [run_dir]
     for k in range(1, count):
         target = run_dir / "seed-repeats" / f"seed{config.seed + k}"
-        if not (target / "model.safetensors").exists() or (target / "resume" / "state.pt").exists():
-            trainer = Trainer(dataclasses.replace(config, seed=config.seed + k), target, progress=progress)
-            done = (target / "resume" / "state.pt").exists()
-            trainer.fit(resume=done)
+        Trainer(dataclasses.replace(config, seed=config.seed + k), target, progress=progress).fit(resume=True)  # a finished one returns at once
         runs.append(target)
     return runs
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from data_fixtures import synthetic_arrays, synthetic_metadata, write_synthetic
+from nsacdrive.controllers import checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.training import TrainConfig, Trainer, TrainingDiverged
@@ -101,3 +104,128 @@ def test_evaluate_offline_refuses_a_run_whose_test_seeds_are_training_tracks(tin
     result = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "run"), "--data", str(tiny_data), "--out", str(tmp_path / "t")])
     assert result.exit_code == 2
     assert "config.json: not a valid training config (seed split: train_seeds and test_seeds share track seeds 0;" in result.output
+
+
+# ----------------------------------------------------------------------------- interrupted saves
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs (BaseException, so no `except Exception` catches it)."""
+
+
+def kill_at(monkeypatch, condition) -> None:
+    """Make checkpoint.write_recorded die when ``condition(path)`` holds — after writing the bytes
+    when the path is the run's published model (the kill between a file and its checksum record)."""
+    original = checkpoint.write_recorded
+
+    def write_recorded(path, data):
+        if condition(Path(path)):
+            if Path(path).name == checkpoint.WEIGHTS_FILE:
+                checkpoint.atomic_write_bytes(path, data)
+            raise Killed
+        original(path, data)
+
+    monkeypatch.setattr(checkpoint, "write_recorded", write_recorded)
+
+
+def weights_of(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    first, second = weights_of(a), weights_of(b)
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.fixture
+def straight(tiny_data, tmp_path) -> Path:
+    """An uninterrupted 3-epoch run to compare resumed runs with."""
+    Trainer(tiny_config(tiny_data, epochs=3, early_stopping_patience=10), tmp_path / "straight", progress=False).fit()
+    return tmp_path / "straight"
+
+
+def resume_after_kill(tiny_data, run: Path, monkeypatch, condition) -> None:
+    config = tiny_config(tiny_data, epochs=3, early_stopping_patience=10)
+    kill_at(monkeypatch, condition)
+    with pytest.raises(Killed):
+        Trainer(config, run, progress=False).fit()
+    monkeypatch.undo()
+    Trainer(config, run, progress=False).fit(resume=True)
+
+
+@pytest.mark.parametrize(("epoch", "file"), [(1, "last.safetensors"), (1, "state.pt"), (2, "best.safetensors"), (3, "state.pt")])
+def test_a_kill_while_a_checkpoint_is_written_resumes_from_the_last_complete_one(tiny_data, tmp_path, monkeypatch, straight, epoch, file):
+    run = tmp_path / "run"
+    resume_after_kill(tiny_data, run, monkeypatch, lambda p: p.name == file and p.parent.name.startswith(f".epoch-{epoch:04d}."))
+    assert_same_weights(checkpoint.latest_checkpoint(run).path("last.safetensors"), checkpoint.latest_checkpoint(straight).path("last.safetensors"))
+    assert_same_weights(run / "model.safetensors", straight / "model.safetensors")
+    assert [h["epoch"] for h in json.loads((run / "history.json").read_text())] == [1, 2, 3]
+    assert [p.name for p in (run / "resume").iterdir()] == ["epoch-0003"]  # the unfinished write is cleaned up
+
+
+def test_a_kill_between_the_published_weights_and_their_checksum_is_named_on_load_and_repaired_by_resume(
+        tiny_data, tmp_path, monkeypatch, straight):
+    from nsacdrive.controllers.run import load_run
+
+    run = tmp_path / "run"
+    config = tiny_config(tiny_data, epochs=3, early_stopping_patience=10)
+    Trainer(config, run, progress=False).fit()
+    (run / "model.safetensors").write_bytes(b"\0" + (run / "model.safetensors").read_bytes()[1:])  # stale or torn publication
+    with pytest.raises(checkpoint.CheckpointError, match=r"model\.safetensors: sha256 .* differs .* repaired by `train --resume`"):
+        load_run(run)
+    Trainer(config, run, progress=False).fit(resume=True)
+    load_run(run)
+    assert_same_weights(run / "model.safetensors", straight / "model.safetensors")
+
+
+def test_a_kill_in_the_first_publication_resumes_instead_of_refusing(tiny_data, tmp_path, monkeypatch, straight):
+    """The published fault: best weights written, resume state not, and --resume said 'pass --resume'."""
+    run = tmp_path / "run"
+    resume_after_kill(tiny_data, run, monkeypatch, lambda p: p == run / "model.safetensors")
+    assert_same_weights(run / "model.safetensors", straight / "model.safetensors")
+
+
+def test_a_corrupt_checkpoint_file_is_named_on_resume(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    config = tiny_config(tiny_data, epochs=1)
+    Trainer(config, run, progress=False).fit()
+    state = run / "resume" / "epoch-0001" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=r"epoch-0001/state\.pt: sha256 .* differs"):
+        Trainer(config, run, progress=False).fit(resume=True)
+
+
+def test_resume_without_a_complete_checkpoint_but_with_weights_says_what_is_wrong(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    config = tiny_config(tiny_data, epochs=1)
+    Trainer(config, run, progress=False).fit()
+    shutil.rmtree(run / "resume")
+    with pytest.raises(checkpoint.CheckpointError, match="found model.safetensors but no complete checkpoint in resume/"):
+        Trainer(config, run, progress=False).fit(resume=True)
+    with pytest.raises(FileExistsError, match="already holds a run; pass --resume"):
+        Trainer(config, run, progress=False).fit()
+
+
+# ----------------------------------------------------------------------------- corrupt weights
+
+
+def test_a_flipped_byte_in_the_weights_is_named_on_load(tiny_data, tmp_path):
+    from nsacdrive.controllers.run import load_run
+
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_data, epochs=1), run, progress=False).fit()
+    recorded = json.loads((run / "checksums.json").read_text())
+    assert set(recorded) == {"model.safetensors"} and len(recorded["model.safetensors"]) == 64
+    load_run(run)
+    weights = bytearray((run / "model.safetensors").read_bytes())
+    weights[-5] ^= 0x10  # inside the last tensor's data: still a readable safetensors file
+    (run / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(checkpoint.CheckpointError, match=rf"{re.escape(str(run / 'model.safetensors'))}: sha256 .* differs from"):
+        load_run(run)
+
