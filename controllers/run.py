@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from nsacdrive.common.versions import check_versions
 from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
@@ -25,6 +26,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module,
         config = TrainConfig.from_dict(raw)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{run_dir / CONFIG_FILE}: not a valid training config ({exc})") from None
+    check_versions(run_dir)
     model = build_controller(config.model)
     load_weights(model, run_dir / WEIGHTS_FILE)
     return model.to(pick_device(device)).eval(), config

@@ -36,6 +36,7 @@ import torch
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import format_seeds, parse_seeds
+from nsacdrive.common.versions import check_versions, write_versions
 from nsacdrive.controllers.augment import colour_augment
 from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
@@ -179,6 +180,7 @@ class Trainer:
         on_disk = TrainConfig.from_dict(read_config(self.run_dir)).to_dict()
         if json.loads(json.dumps(on_disk)) != json.loads(json.dumps(saved)):
             raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
+        check_versions(self.run_dir)
         checkpoint.verify()
         load_weights(self.model, checkpoint.path(LAST_WEIGHTS))
         blob = torch.load(io.BytesIO(checkpoint.read(TRAINER_STATE)), weights_only=False)
@@ -198,6 +200,7 @@ class Trainer:
             raise CheckpointError(f"{self.run_dir}: --resume found {WEIGHTS_FILE} but no complete checkpoint in {RESUME_DIR}/ "
                                   "(a run from an older nsacdrive, or resume/ was removed); train into another run folder")
         write_config(self.run_dir, self.config.to_dict())
+        write_versions(self.run_dir)
 
     # ------------------------------------------------------------------ epochs
     def _perturb(self, generator: torch.Generator):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.versions import current_versions
 from nsacdrive.data_collection.episode import EpisodeFileError, read_sidecar
 
 MANIFEST_NAME = "manifest.json"
@@ -36,6 +37,7 @@ def build_manifest(folder: Path) -> dict[str, Any]:
         "n_steps": sum(int(e["n_steps"]) for e in entries),
         "episodes": entries,
         "unreadable_sidecars": unreadable,
+        "versions": current_versions(),  # of the nsacdrive that last wrote the folder (nsacdrive.common.versions)
     }
 
 

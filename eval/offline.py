@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.metrics import ood_auroc, regression_report
 from nsacdrive.controllers.run import load_run
@@ -131,6 +132,7 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, rows: list[dict[s
     atomic_write_bytes(out_dir / "offline.md", (markdown + "\n").encode())
     atomic_write_bytes(out_dir / "offline.csv", buffer.getvalue().encode())
     atomic_write_json(out_dir / "offline.json", {"results": results, "calibration_convention": results[0]["conditions"]["clean"]["calibration"]})
+    write_versions(out_dir)
     return markdown
 
 

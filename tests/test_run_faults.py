@@ -229,3 +229,66 @@ def test_a_flipped_byte_in_the_weights_is_named_on_load(tiny_data, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=rf"{re.escape(str(run / 'model.safetensors'))}: sha256 .* differs from"):
         load_run(run)
 
+
+# ----------------------------------------------------------------------------- versions
+
+
+@pytest.fixture
+def tiny_run(tiny_data, tmp_path) -> Path:
+    Trainer(tiny_config(tiny_data, epochs=1, max_batches_per_epoch=1), tmp_path / "run", progress=False).fit()
+    return tmp_path / "run"
+
+
+def test_a_run_folder_records_the_versions_it_was_made_with(tiny_run):
+    import importlib.metadata
+    import platform
+
+    recorded = json.loads((tiny_run / "versions.json").read_text())
+    assert set(recorded) == {"nsacdrive", "torch", "gymnasium", "numpy", "python", "git_commit"}
+    assert all(recorded[name] == importlib.metadata.version(name) for name in ("nsacdrive", "torch", "gymnasium", "numpy"))
+    assert recorded["python"] == platform.python_version()
+    assert recorded["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40,64}", recorded["git_commit"])
+
+
+@pytest.mark.parametrize(("package", "made_with"), [("nsacdrive", "99.0.0"), ("torch", "1.13.1")])
+def test_loading_a_run_made_under_another_major_version_warns_with_both_versions(tiny_run, package, made_with):
+    import importlib.metadata
+
+    from nsacdrive.common.versions import VersionWarning
+    from nsacdrive.controllers.run import load_run
+
+    recorded = json.loads((tiny_run / "versions.json").read_text())
+    (tiny_run / "versions.json").write_text(json.dumps({**recorded, package: made_with}))
+    running = importlib.metadata.version(package)
+    with pytest.warns(VersionWarning, match=rf"made with {package} {re.escape(made_with)}, now running {package} {re.escape(running)}"):
+        load_run(tiny_run)
+
+
+def test_loading_a_run_of_the_same_major_versions_or_without_a_record_is_silent(tiny_run):
+    import warnings
+
+    from nsacdrive.controllers.run import load_run
+
+    recorded = json.loads((tiny_run / "versions.json").read_text())
+    (tiny_run / "versions.json").write_text(json.dumps({**recorded, "torch": recorded["torch"].split(".")[0] + ".0.0", "numpy": "1.0"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_run(tiny_run)
+        (tiny_run / "versions.json").unlink()
+        load_run(tiny_run)
+
+
+def test_offline_tables_closed_loop_aggregates_and_dataset_manifests_record_versions(tiny_run, tiny_data, tmp_path):
+    from nsacdrive.common.versions import current_versions
+    from nsacdrive.data_collection.manifest import build_manifest
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    result = CliRunner().invoke(app, ["evaluate-offline", str(tiny_run), "--data", str(tiny_data), "--out", str(tmp_path / "offline")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "offline" / "versions.json").read_text()) == current_versions()
+    evaluate_closed_loop(EvalConfig(runs=[tiny_run], seeds=[3], drive=DriveConfig(max_steps=10)), tmp_path / "eval", progress=False)
+    assert json.loads((tmp_path / "eval" / "versions.json").read_text()) == current_versions()
+    assert build_manifest(tiny_data)["versions"] == current_versions()
