@@ -31,6 +31,7 @@ from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, re
 from nsacdrive.data_collection.manifest import write_manifest
 from nsacdrive.data_collection.udacity_layout import (
     prepare_udacity_folder,
+    remove_udacity_leftovers,
     udacity_episode_is_complete,
     write_driving_log,
     write_udacity_episode,
@@ -89,6 +90,14 @@ def prepare_folder(out: Path, layout: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if layout == "udacity":
         prepare_udacity_folder(out)
+    else:
+        remove_partial_files(out)
+
+
+def remove_leftovers(out: Path, layout: str) -> None:
+    """Delete the temporary files of atomic writes that never finished in a ``layout`` folder."""
+    if layout == "udacity":
+        remove_udacity_leftovers(out)
     else:
         remove_partial_files(out)
 
@@ -373,11 +382,14 @@ def collect(config: CollectConfig, out_dir: str | Path, resume: bool = False, pr
     todo = [job for job in jobs if job not in existing]
     start = time.perf_counter()
     steps = 0
-    with progress_bar(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
-        for sidecar in run_tasks(record_episode, [(job, str(out), config.layout) for job in todo], config.workers):
-            steps += sidecar["n_steps"]
-            write_index(out, config.layout)
-            bar.update(1)
-            bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
+    try:
+        with progress_bar(total=len(jobs), initial=len(existing), unit="episode", desc="collect", disable=not progress) as bar:
+            for sidecar in run_tasks(record_episode, [(job, str(out), config.layout) for job in todo], config.workers):
+                steps += sidecar["n_steps"]
+                write_index(out, config.layout)
+                bar.update(1)
+                bar.set_postfix(steps_per_s=f"{steps / (time.perf_counter() - start):.0f}")
+    finally:
+        remove_leftovers(out, config.layout)  # a worker killed while writing an episode
     write_index(out, config.layout)
     return CollectionSummary(written=len(todo), skipped=len(existing), steps=steps, seconds=time.perf_counter() - start)

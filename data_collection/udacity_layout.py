@@ -123,7 +123,11 @@ def write_driving_log(folder: Path) -> int:
 
 def prepare_udacity_folder(folder: Path) -> None:
     """Create the layout's folders and delete leftovers of interrupted atomic writes."""
-    folder = Path(folder)
-    (folder / EPISODES_DIR).mkdir(parents=True, exist_ok=True)
-    remove_partial_files(folder)
-    remove_partial_files(folder / EPISODES_DIR)
+    (Path(folder) / EPISODES_DIR).mkdir(parents=True, exist_ok=True)
+    remove_udacity_leftovers(folder)
+
+
+def remove_udacity_leftovers(folder: Path) -> None:
+    """Delete the temporary files of atomic writes that never finished (log, rows, sidecars)."""
+    for part in (Path(folder), Path(folder) / EPISODES_DIR):
+        remove_partial_files(part)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import termination_reason
-from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
 from nsacdrive.common.backends import BACKENDS, run_tasks
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.versions import write_versions
@@ -582,6 +582,8 @@ def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False
     inference = resolve_inference(config.inference, config.backend, config.workers)
     keys = config.keys()
     folder = out_dir / "episodes"
+    for leftovers in (out_dir, folder):  # temporary files of an evaluation that was killed
+        remove_partial_files(leftovers)
     done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
     if done and not resume:
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
@@ -590,10 +592,13 @@ def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False
     tasks = [GroupsTask(tuple(groups), config.drive, inference, str(out_dir))
              for groups in _consecutive(todo, in_flight, lambda group: group[0].run)]
     results = run_tasks(_groups_worker, [(task,) for task in tasks], config.workers, backend=config.backend, address=config.address)
-    with progress_bar(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode", desc="closed loop",
-                      disable=not progress) as bar:
-        for size in results:
-            bar.update(size)
+    try:
+        with progress_bar(total=len(keys), initial=len(keys) - sum(len(g) for g in todo), unit="episode",
+                          desc="closed loop", disable=not progress) as bar:
+            for size in results:
+                bar.update(size)
+    finally:
+        remove_partial_files(folder)  # a worker killed while writing an episode
     records = [json.loads((folder / f"{k.episode_id}.json").read_text()) for k in keys]
     _write_summary(out_dir, records)
     rows = aggregate(records, config.trials)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,6 +53,32 @@ def test_same_seeds_give_identical_episodes_and_resume_skips_finished_ones(train
     evaluate_closed_loop(config, tmp_path / "a", resume=True, progress=False)
     assert finished.stat().st_mtime_ns == stamp
     assert (tmp_path / "a" / "episodes" / "run_default_seed000003_r1.json").exists()
+
+
+def test_a_resumed_evaluation_removes_what_a_killed_one_left_half_written(trained_run, tmp_path):
+    config = evaluation(trained_run, max_steps=20)
+    evaluate_closed_loop(config, tmp_path, progress=False)
+    (tmp_path / "episodes" / "run_default_seed000003_r0.json").unlink()  # killed while writing this episode …
+    leftovers = [tmp_path / "episodes" / ".run_default_seed000003_r0.npz.k1ll3d.partial", tmp_path / ".summary.csv.x7.partial"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half")
+    evaluate_closed_loop(config, tmp_path, resume=True, progress=False)
+    assert not [p for p in tmp_path.rglob("*.partial")]
+    assert (tmp_path / "episodes" / "run_default_seed000003_r0.json").exists()
+
+
+def test_an_evaluation_that_dies_leaves_no_temporary_files(trained_run, tmp_path, monkeypatch):
+    import nsacdrive.eval.closed_loop as closed_loop
+
+    def killed_while_writing(task):
+        (Path(task.out_dir) / "episodes").mkdir(parents=True, exist_ok=True)
+        (Path(task.out_dir) / "episodes" / ".run_default_seed000003_r0.npz.abc.partial").write_bytes(b"half")
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(closed_loop, "_groups_worker", killed_while_writing)
+    with pytest.raises(RuntimeError, match="worker died"):
+        evaluate_closed_loop(evaluation(trained_run, max_steps=20, workers=1), tmp_path, progress=False)
+    assert not [p for p in tmp_path.rglob("*.partial")]
 
 
 def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tmp_path, monkeypatch):

@@ -250,6 +250,22 @@ def test_resume_rerecords_only_the_broken_episode(recorded, tmp_path, crash):
     assert json.loads((folder / MANIFEST_NAME).read_text())["n_episodes"] == 2
 
 
+@pytest.mark.parametrize("layout", ["episodes", "udacity"])
+def test_a_collection_that_dies_leaves_no_temporary_files(tmp_path, monkeypatch, layout):
+    import nsacdrive.data_collection.recorder as recorder
+
+    def killed_while_writing(job, out, layout):
+        folder = Path(out) / ("episodes" if layout == "udacity" else "")
+        (folder / f".{job.episode_id}.json.abc.partial").write_bytes(b"half")
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(recorder, "record_episode", killed_while_writing)
+    env = "udacity-style" if layout == "udacity" else "carracing"
+    with pytest.raises(RuntimeError, match="worker died"):
+        collect(CollectConfig(agent="expert", seeds=[3], max_steps=10, env=env, layout=layout), tmp_path, progress=False)
+    assert not [p for p in tmp_path.rglob("*.partial")]
+
+
 def test_resume_on_a_complete_folder_writes_nothing(recorded, tmp_path):
     folder = _copy(recorded[0], tmp_path / "data")
     before = {p.name: _stat(p) for p in folder.glob("*.npz")} | {p.name: _stat(p) for p in folder.glob("expert*.json")}
