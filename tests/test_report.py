@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -9,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from browser import find_chromium, load_page, page_url
+from data_fixtures import normalize
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.run import load_run
@@ -208,6 +212,47 @@ def test_cli_report_exits_2_with_a_message_on_a_bad_folder(tmp_path, nsac_eval):
     assert result.exit_code == 2 and "nope" in result.output
     result = runner.invoke(app, ["report", str(nsac_eval), "--out", str(tmp_path / "out"), "--offline", str(tmp_path)])
     assert result.exit_code == 2 and "offline.json" in result.output
+
+
+def test_a_failed_report_leaves_no_folder_behind(tmp_path, nsac_eval):
+    result = CliRunner().invoke(app, ["report", str(nsac_eval), "--out", str(tmp_path / "out"), "--offline", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "offline.json" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the report nor its staging folder
+
+
+def test_a_failed_rerun_keeps_the_earlier_report_whole(tmp_path, nsac_eval, report):
+    out = tmp_path / "out"
+    shutil.copytree(report.parent, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(app, ["report", str(nsac_eval), "--out", str(out), "--offline", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_report_replaces_an_earlier_one_and_cleans_a_killed_ones_stage(tmp_path, nsac_eval, report):
+    out = tmp_path / "out"
+    shutil.copytree(report.parent, out)
+    (out / "figures" / "left-over-from-before.png").write_bytes(b"old")
+    killed = tmp_path / f".out.{_finished_pid()}.partial"
+    killed.mkdir()
+    index = write_report(nsac_eval, out, ReportConfig(frames=1))
+    assert index == out / "index.html" and index.is_file()
+    assert not (out / "figures" / "left-over-from-before.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_report_refuses_a_folder_that_holds_something_else(tmp_path, nsac_eval):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["report", str(nsac_eval), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "holds files but no report (index.html)" in normalize(result.output)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]
+
+
+def _finished_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(child.stdout)
 
 
 def test_report_loads_in_headless_chromium_without_errors(report, tmp_path):

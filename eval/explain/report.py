@@ -19,20 +19,30 @@ perturbation (the evaluation's first non-default colour preset, else ``shift-3``
 the same two re-drives then serve Grad-CAM and the potentials, and the potentials of one track
 can be compared clean against perturbed.
 
-Everything is written atomically; a rerun replaces the files.
+The report is built in a staging folder beside ``--out`` and moved into place when complete: a
+failed report leaves no half-built folder, and a rerun replaces the earlier report whole.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
+from nsacdrive.common.atomic import (
+    PARTIAL_SUFFIX,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_npz,
+    json_safe,
+    remove_abandoned_stages,
+)
 from nsacdrive.common.workers import torch_threads
 from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import INTRO_STEPS, sequence_offsets, sequence_timestamps
@@ -437,6 +447,35 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return "<table>" + head + "".join(body) + "</table>"
 
 
+STALE_SUFFIX = ".stale"  # an earlier report being replaced
+
+
 def write_report(eval_dir: Path, out_dir: Path, config: ReportConfig = ReportConfig()) -> Path:
-    """Write ``out_dir/index.html`` with its figures and data; returns the index path."""
-    return Report(eval_dir, out_dir, config).write()
+    """Write ``out_dir/index.html`` with its figures and data; returns the index path.
+
+    ``out_dir`` must be new, empty or an earlier report (it holds ``index.html``); it changes only
+    once the new report is complete."""
+    out_dir = Path(out_dir)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "index.html").is_file():
+        raise ValueError(f"{out_dir}: holds files but no report (index.html); write the report to a new or empty folder")
+    for suffix in (PARTIAL_SUFFIX, STALE_SUFFIX):  # what a killed report left behind
+        remove_abandoned_stages(out_dir.parent, f".{out_dir.name}", suffix)
+    stage = out_dir.parent / f".{out_dir.name}.{os.getpid()}{PARTIAL_SUFFIX}"
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        Report(eval_dir, stage, config).write()
+        _replace_folder(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out_dir / "index.html"
+
+
+def _replace_folder(new: Path, target: Path) -> None:
+    """Move the folder ``new`` to ``target``, replacing what is there."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    stale = target.parent / f".{target.name}.{os.getpid()}{STALE_SUFFIX}"
+    os.rename(target, stale)
+    os.rename(new, target)
+    shutil.rmtree(stale, ignore_errors=True)
