@@ -27,6 +27,7 @@ from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
 from nsacdrive.common.progress import progress_bar
+from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from nsacdrive.data_collection.manifest import write_manifest
 from nsacdrive.data_collection.udacity_layout import (
@@ -363,7 +364,11 @@ def collect(config: CollectConfig, out_dir: str | Path, resume: bool = False, pr
             agent_kinds: AgentKinds = AGENT_KINDS) -> CollectionSummary:
     """Record every episode of ``config`` into ``out_dir``; parallel workers, one progress bar.
 
-    ``resume``: skip the episodes already complete (without it, finding any is an error).
+    ``resume``: skip the episodes already complete (without it, finding any is an error). A
+    folder holds episodes recorded one way: its :data:`CollectConfig.FOLDER_FIELDS` are recorded
+    when it is first written and another value for any of them is refused
+    (:class:`nsacdrive.common.resume.SettingsChanged`); seeds, presets, noise and the agent may
+    differ from one call to the next.
     ``agent_kinds``: the kinds the agent and the learner may name
     (:data:`nsacdrive.agents.registry.AGENT_KINDS` by default; a layer above passes its own, e.g.
     with ``controller:RUN``); it travels with every job to the workers."""
@@ -372,6 +377,7 @@ def collect(config: CollectConfig, out_dir: str | Path, resume: bool = False, pr
     if config.mixing is not None:
         agent_kinds.make(config.mixing.learner)
     jobs = config.jobs(agent_kinds)
+    check_settings(out, config, CollectConfig.FOLDER_FIELDS)
     prepare_folder(out, config.layout)
     existing = [job for job in jobs if episode_is_complete(out, job, config.layout)]
     if existing and not resume:
@@ -379,6 +385,7 @@ def collect(config: CollectConfig, out_dir: str | Path, resume: bool = False, pr
             f"{out}: {len(existing)} of these episodes already exist (e.g. {existing[0].episode_id}); "
             "pass --resume to skip them or choose another --out"
         )
+    record_settings(out, config, CollectConfig.FOLDER_FIELDS)
     todo = [job for job in jobs if job not in existing]
     start = time.perf_counter()
     steps = 0

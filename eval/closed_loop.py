@@ -44,6 +44,7 @@ from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
 from nsacdrive.common.backends import BACKENDS, run_tasks
 from nsacdrive.common.progress import progress_bar
+from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -577,16 +578,23 @@ def _write_summary(out_dir: Path, records: list[dict[str, Any]]) -> None:
 def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
     """Run every episode of ``config`` into ``out_dir``, write summary.csv + aggregates.json, return the aggregates.
 
-    ``resume``: keep the episodes already in ``out_dir`` (without it, finding any is an error)."""
+    ``resume``: keep the episodes already in ``out_dir`` (without it, finding any is an error);
+    the folder records the :data:`EvalConfig.EPISODE_FIELDS` it was started with, and a resume
+    with another value for any of them is refused (:class:`nsacdrive.common.resume.SettingsChanged`),
+    so every episode and ``aggregates.json`` share one set of settings. Workers, backend, address
+    and inference mode may change (they give the same episodes)."""
     out_dir = Path(out_dir)
     inference = resolve_inference(config.inference, config.backend, config.workers)
     keys = config.keys()
+    if resume:
+        check_settings(out_dir, config, EvalConfig.EPISODE_FIELDS)
     folder = out_dir / "episodes"
     for leftovers in (out_dir, folder):  # temporary files of an evaluation that was killed
         remove_partial_files(leftovers)
     done = {k for k in keys if (folder / f"{k.episode_id}.json").exists()}
     if done and not resume:
         raise FileExistsError(f"{out_dir}: {len(done)} episodes already evaluated; pass --resume or choose another --out")
+    record_settings(out_dir, config, EvalConfig.EPISODE_FIELDS)
     todo = [tuple(group) for group in batch_groups(keys, config.batch) if any(k not in done for k in group)]
     in_flight = 2 if inference == "process" else 1  # groups one task drives together
     tasks = [GroupsTask(tuple(groups), config.drive, inference, str(out_dir))

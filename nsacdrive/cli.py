@@ -10,13 +10,14 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
+from nsacdrive.common.resume import SettingsChanged
 from nsacdrive.controllers.model_names import MODEL_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
@@ -101,6 +102,25 @@ def _presets(text: str) -> list[str]:
         raise typer.BadParameter(f"--colour-preset: {exc}") from None
 
 
+#: The flag of each setting a folder records (the library names its config fields), for resume refusals.
+SETTING_FLAGS = {
+    "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
+    "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
+    "drive.renderer": "--renderer", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
+}
+
+
+def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
+    """Exit 2 naming every flag whose value differs from the one the output folder was made with."""
+    def show(value: Any) -> str:
+        return "unset" if value is None else ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    changes = "; ".join(f"{SETTING_FLAGS.get(c.name, c.name)} {show(c.recorded)} there, {show(c.requested)} now" for c in exc.changes)
+    typer.secho(f"error: {exc.path.parent} holds results made with other settings ({changes}); "
+                "use the recorded settings or another --out", fg="red", err=True)
+    raise typer.Exit(2)
+
+
 def _check_runs_load(runs: list[Path]) -> None:
     """Load every run once (config and weights) before any driving or computing: a mistyped,
     incomplete or corrupt run folder is an error now, not a failed row in a summary later."""
@@ -145,6 +165,8 @@ def collect(
                                noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
                                renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers)
         summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
+    except SettingsChanged as exc:
+        _refuse_changed_settings(exc)
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -378,6 +400,8 @@ def closed_loop_eval(
                             repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                             backend=backend.value, address=address, inference=inference.value)
         rows = evaluate_closed_loop(config, out, resume=resume)
+    except SettingsChanged as exc:
+        _refuse_changed_settings(exc)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

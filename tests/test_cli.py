@@ -47,7 +47,7 @@ def test_collect(cli_dataset):
     assert result.exit_code == 0, result.output
     assert f"wrote 1 episodes ({STEPS} steps," in result.output
     assert "skipped 0 already complete" in result.output
-    assert sorted(p.name for p in out.iterdir()) == sorted([f"{EPISODE}.json", f"{EPISODE}.npz", "manifest.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{EPISODE}.json", f"{EPISODE}.npz", "manifest.json", ".settings.json"])
     sidecar, arrays = load_episode_arrays(out / f"{EPISODE}.json")
     assert sidecar["n_steps"] == STEPS and sidecar["track_seed"] == 0 and sidecar["colour_preset"] == "default"
     assert sidecar["noise"] == {"sigma": 0.0, "seed": 0}

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import apply_action_noise, termination_reason
+from nsacdrive.common.resume import SETTINGS_FILE
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
 from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest
@@ -57,7 +58,7 @@ def test_collect_writes_one_episode_per_seed_and_a_manifest(recorded):
     out, summary = recorded
     assert (summary.written, summary.skipped, summary.steps) == (2, 0, 2 * STEPS)
     assert summary.seconds > 0 and summary.steps_per_second == pytest.approx(summary.steps / summary.seconds)
-    expected = sorted([f"{IDS[s]}.npz" for s in SEEDS] + [f"{IDS[s]}.json" for s in SEEDS] + [MANIFEST_NAME])
+    expected = sorted([f"{IDS[s]}.npz" for s in SEEDS] + [f"{IDS[s]}.json" for s in SEEDS] + [MANIFEST_NAME, SETTINGS_FILE])
     assert sorted(p.name for p in out.iterdir()) == expected  # no temp files left behind
 
 
