@@ -22,6 +22,7 @@ from nsacdrive.agents.ppo import (
 )
 from nsacdrive.agents.registry import make_agent
 from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, privileged_state
 from typer.testing import CliRunner
@@ -127,7 +128,7 @@ def test_collect_with_ppo_agent_records_images(trained, tmp_path):
     result = CliRunner().invoke(app, ["collect", "--agent", f"ppo:{trained}", "--seeds", "3", "--out", str(out),
                                       "--workers", "1", "--max-steps", "40"])
     assert result.exit_code == 0, result.output
-    sidecars = [p for p in out.glob("*.json") if p.name != "manifest.json"]
+    sidecars = sidecar_paths(out)
     assert len(sidecars) == 1
     metadata, arrays = load_episode_arrays(sidecars[0])
     assert metadata["source"] == "ppo" and metadata["agent"]["agent_id"] == "ppo-state"

@@ -20,7 +20,7 @@ from nsacdrive.agents.rollout import apply_action_noise, termination_reason
 from nsacdrive.common.resume import SETTINGS_FILE
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
-from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest
+from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest, sidecar_paths
 from nsacdrive.data_collection.recorder import CollectConfig, EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
 from nsacdrive.envs.car_racing import ENV_ID
 from nsacdrive.envs.colours import resolve_colour_scheme
@@ -434,7 +434,7 @@ def test_pygame_runs_headless():
 
 def test_recordings_use_the_fast_renderer_by_default_and_say_so(recorded, tmp_path):
     folder, _ = recorded
-    sidecars = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json")) if p.name != MANIFEST_NAME]
+    sidecars = [json.loads(p.read_text()) for p in sidecar_paths(folder)]
     assert sidecars and all(s["renderer"] == "fast" for s in sidecars)
     collect(CollectConfig(agent="expert", seeds=[3], max_steps=20, renderer="stock"), tmp_path / "stock", progress=False)
     stock = json.loads(next((tmp_path / "stock").glob("expert_*.json")).read_text())
