@@ -19,7 +19,8 @@ from nsacdrive.controllers.baselines import (
 from nsacdrive.controllers.controller import Controller, head_times
 from nsacdrive.controllers.encoders import EncoderConfig, make_encoder
 from nsacdrive.controllers.heads import GMLEHead
-from nsacdrive.controllers.model_config import MODEL_NAMES, ModelConfig
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.model_names import MODEL_NAMES
 from nsacdrive.controllers.objectives import gaussian_nll
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from scipy import stats
