@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from nsacdrive.envs.state import PrivilegedState
 
 #: Source labels written into episode sidecars (docs/data-format.md#sources).

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pygame
+
 from nsacdrive.envs.state import PrivilegedState
 
 GAS = 1.0

@@ -34,6 +34,7 @@ from typing import Any
 import cv2
 import gymnasium as gym
 import numpy as np
+
 from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.common.progress import is_terminal
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing

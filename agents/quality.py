@@ -7,6 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import drive, termination_reason
 from nsacdrive.common.workers import single_threaded_worker

@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
 from nsacdrive.agents.base import Agent
 from nsacdrive.envs.state import PrivilegedState, privileged_state
 

@@ -34,18 +34,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from nsacdrive.agents.rollout import drive  # noqa: E402
-from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
-from nsacdrive.controllers.actions import clip_to_box  # noqa: E402
-from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config  # noqa: E402
-from nsacdrive.controllers.registry import build_controller  # noqa: E402
-from nsacdrive.controllers.train_config import TrainConfig  # noqa: E402
-from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
-from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
-from nsacdrive.envs.state import forward_speed  # noqa: E402
-from nsacdrive.eval.closed_loop import (  # noqa: E402
+from bench.common import print_table, replay_rate
+from nsacdrive.agents.rollout import drive
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.actions import clip_to_box
+from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
+from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.envs.car_racing import make_car_racing
+from nsacdrive.envs.observation import preprocess_observation
+from nsacdrive.envs.state import forward_speed
+from nsacdrive.eval.closed_loop import (
     DriveConfig,
     EpisodeKey,
     EvalConfig,
@@ -54,10 +53,10 @@ from nsacdrive.eval.closed_loop import (  # noqa: E402
     run_episodes,
     run_pipelined,
 )
-from nsacdrive.eval.driver import ControllerAgent, ControllerPolicy  # noqa: E402
-from nsacdrive.eval.inference import InferenceProcess  # noqa: E402
+from nsacdrive.eval.driver import ControllerAgent, ControllerPolicy
+from nsacdrive.eval.inference import InferenceProcess
 
-from bench.common import print_table, replay_rate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = 300
 REPEATS = 3

@@ -17,15 +17,15 @@ from pathlib import Path
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-ROOT = Path(__file__).resolve().parents[1]
 
+from bench.common import print_table, replay_rate  # noqa: E402
 from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
 from nsacdrive.agents.rollout import drive  # noqa: E402
 from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
 from nsacdrive.envs.fast_render import FastStateRenderer  # noqa: E402
 from nsacdrive.envs.udacity_style import CAMERAS, make_udacity_style  # noqa: E402
 
-from bench.common import print_table, replay_rate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def draw_rates(seeds: list[int], steps: int, every: int) -> dict[str, float]:

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parents[1]
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.levy import LevyAttentionConfig, LevyCrossAttention
 
-from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
-from nsacdrive.controllers.levy import LevyAttentionConfig, LevyCrossAttention  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 N_KEYS, N_QUERIES, WIDTH, HEADS, GRID = 512, 128, 128, 4, (16, 8)
 

@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench.common import median_time
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.nsac import NSAC, NSACConfig
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
-from nsacdrive.controllers.nsac import NSAC, NSACConfig  # noqa: E402
-
-from bench.common import median_time  # noqa: E402
 
 
 class FrameEncoder(nn.Module):

@@ -20,15 +20,16 @@ import numpy as np
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-ROOT = Path(__file__).resolve().parents[1]
 
 from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
+
+from bench.common import print_table, replay_rate  # noqa: E402
 from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
 from nsacdrive.agents.rollout import drive  # noqa: E402
 from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
 from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 
-from bench.common import print_table, replay_rate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIDELITY_PRESETS = ("default", "shift-3", "random", "color-v0", "shift-5")
 

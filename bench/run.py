@@ -23,15 +23,15 @@ from pathlib import Path
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-ROOT = Path(__file__).resolve().parents[1]
 
+from bench.common import PeakRss, print_table, replay_rate  # noqa: E402
 from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
 from nsacdrive.agents.quality import evaluate_agent  # noqa: E402
 from nsacdrive.agents.rollout import drive  # noqa: E402
 from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
 from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 
-from bench.common import PeakRss, print_table, replay_rate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def env_speed(steps: int) -> dict[str, float]:

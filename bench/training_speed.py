@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.common import PeakRss, median_time
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
+from nsacdrive.envs.observation import preprocess_observation
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
-from nsacdrive.controllers.model_config import ModelConfig  # noqa: E402
-from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller  # noqa: E402
-from nsacdrive.envs.observation import preprocess_observation  # noqa: E402
-
-from bench.common import PeakRss, median_time  # noqa: E402
 
 MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from nsacdrive.eval.serve.udacity_server import CAMERA_SHAPE, encode_camera_image
+from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient
 
-from nsacdrive.eval.serve.udacity_server import CAMERA_SHAPE, encode_camera_image  # noqa: E402
-from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def road_picture(shift: int = 0) -> np.ndarray:

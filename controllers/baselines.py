@@ -29,6 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+from torch import nn
+from torch.nn import functional as F
+
 from nsacdrive.controllers.actions import squash
 from nsacdrive.controllers.circuit_attention import validate_inputs
 from nsacdrive.controllers.controller import Controller
@@ -38,8 +41,6 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig
 from nsacdrive.controllers.objectives import check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
-from torch import nn
-from torch.nn import functional as F
 
 
 def _check_samples(samples: int) -> None:

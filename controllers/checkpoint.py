@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_bytes, atomic_write_json
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
+
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_bytes, atomic_write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

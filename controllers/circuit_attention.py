@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check_fields
 from torch import nn
+
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check_fields
 
 Mode = Literal["corrected", "reference"]
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
+
 from nsacdrive.controllers.heads import UncertaintyHead
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
-from torch import nn
 
 
 def head_times(timestamps: torch.Tensor) -> torch.Tensor:

@@ -23,10 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from nsacdrive.common.config_checks import AT_LEAST_ONE, check_fields
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE
 from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE
-from torch import nn
 
 GROUPS = 8  # GroupNorm groups of the "cnn" encoder
 

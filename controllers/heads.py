@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
+from torch import nn
+
 from nsacdrive.controllers.actions import ACTION_NAMES, squash
 from nsacdrive.controllers.nsac import (
     NAC,
@@ -34,7 +36,6 @@ from nsacdrive.controllers.nsac import (
 )
 from nsacdrive.controllers.objectives import NSACObjective, check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
-from torch import nn
 
 N_ACTIONS = len(ACTION_NAMES)
 

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 import torch
+from torch import nn
+from torch.nn import functional as F
+
 from nsacdrive.controllers.circuit_attention import (
     CircuitAttentionConfig,
     CircuitAttentionCore,
@@ -39,8 +42,6 @@ from nsacdrive.controllers.circuit_attention import (
 )
 from nsacdrive.controllers.ncp import CircuitActivations, NCPCircuit, NCPWiring
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
-from torch import nn
-from torch.nn import functional as F
 
 ACTIVATIONS = {"identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "sigmoid": nn.Sigmoid, "gelu": nn.GELU}
 LOG_SIGMA_BOUNDS = (-10.0, 5.0)

@@ -26,8 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
 from torch import nn
+
+from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
 
 
 def check_targets(prediction: torch.Tensor, target: torch.Tensor, name: str = "target") -> None:

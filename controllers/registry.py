@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torch import nn
+
 from nsacdrive.controllers.baselines import EnsembleController, EvidentialHead, MCDropoutHead, SDENetHead
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.objectives import NSACObjective
-from torch import nn
 
 
 def _nsac(config: ModelConfig) -> UncertaintyHead:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from nsacdrive.common.versions import check_versions
 from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
 from nsacdrive.controllers.registry import build_controller

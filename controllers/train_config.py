@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig

@@ -33,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import format_seeds, parse_seeds
@@ -65,8 +68,6 @@ from nsacdrive.data_collection.dataset import (
     SequenceDataset,
     load_episode_records,
 )
-from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 
 def resolve_split(config: TrainConfig) -> TrainConfig:

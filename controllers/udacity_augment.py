@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
 from nsacdrive.common.config_checks import NON_NEGATIVE, UNIT_INTERVAL, check_fields
 
 CAMERA_STEER_OFFSETS = {"center": 0.0, "left": 1.0, "right": -1.0}  # × camera_offset

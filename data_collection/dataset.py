@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset, Sampler
+
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
@@ -37,7 +39,6 @@ from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.udacity_import import udacity_dataset
 from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for nsacdrive.eval.explain.report)
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
-from torch.utils.data import Dataset, Sampler
 
 UDACITY_PREFIX = "udacity:"
 #: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])

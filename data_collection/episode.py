@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS

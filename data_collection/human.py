@@ -20,6 +20,7 @@ from pathlib import Path
 
 import gymnasium
 import pygame
+
 from nsacdrive.agents.human import HumanAgent
 from nsacdrive.agents.rollout import Step, drive
 from nsacdrive.data_collection.recorder import (

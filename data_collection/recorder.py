@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
+
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.common.atomic import json_safe
 from nsacdrive.common.seeds import format_seeds
 from nsacdrive.data_collection.dataset import load_episode_records

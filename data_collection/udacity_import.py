@@ -48,6 +48,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+
 from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json, remove_abandoned_stages
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from nsacdrive.data_collection.errors import DatasetError

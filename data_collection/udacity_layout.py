@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS
 from nsacdrive.envs.udacity_observation import JPEG_QUALITY, encode_jpeg

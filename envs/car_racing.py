@@ -24,6 +24,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.box2d.car_racing import CarRacing
+
 from nsacdrive.envs.colours import DEFAULT_SCHEME, ColourScheme, resolve_colour_scheme, validate_preset
 from nsacdrive.envs.fast_render import FastStateRenderer
 from nsacdrive.envs.geometry import TrackGeometry

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
 from nsacdrive.envs.colours import DEFAULT_SCHEME, RGB, ColourScheme, rotate_hue
 from nsacdrive.envs.fast_render import grass_patches
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from nsacdrive.envs.car_racing import INTRO_STEPS
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, preprocess_observation
 from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from nsacdrive.envs.geometry import TrackGeometry, TrackProjection, wrap_angle
 
 #: Distances (world units) ahead of the car's projection at which curvature is sampled.

@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, NsacCarRacing, make_registered
 from nsacdrive.envs.front_camera import CameraConfig, FrontCamera
 

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files

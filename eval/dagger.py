@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
+
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import parse_seeds
@@ -31,7 +33,6 @@ from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, collect
 from nsacdrive.eval.agent_kinds import AGENT_KINDS
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
-from tqdm import tqdm
 
 
 @dataclass(frozen=True)

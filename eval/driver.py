@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.controllers.run import load_run

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
+
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.common.versions import write_versions
@@ -27,7 +29,6 @@ from nsacdrive.controllers.metrics import ood_auroc, regression_report
 from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.eval.modes import OFFLINE_SPLITS
-from torch.utils.data import DataLoader
 
 METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
 

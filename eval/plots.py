@@ -29,6 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+
 from nsacdrive.common.atomic import atomic_path
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.eval.closed_loop import LOG_FIELDS, DriveConfig
 
 

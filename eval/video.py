@@ -19,6 +19,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+
 from nsacdrive.common.atomic import atomic_path
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.eval.closed_loop import EpisodeKey, run_episodes

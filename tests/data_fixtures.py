@@ -21,6 +21,7 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 import numpy as np  # noqa: E402
+
 from nsacdrive.data_collection.episode import encode_episode, write_episode  # noqa: E402
 from nsacdrive.envs.colours import resolve_colour_scheme  # noqa: E402
 from nsacdrive.envs.state import STATE_FIELDS  # noqa: E402

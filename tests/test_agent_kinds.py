@@ -7,13 +7,14 @@ import pickle
 
 import numpy as np
 import pytest
+from run_fixtures import tiny_run
+
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.registry import AGENT_KINDS, expert_agent, make_agent
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.eval import agent_kinds as eval_kinds
-from run_fixtures import tiny_run
 
 
 def test_the_agents_layer_builds_only_its_own_kinds():

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from scipy import stats
+
 from nsacdrive.controllers.actions import ACTION_HIGH, ACTION_LOW
 from nsacdrive.controllers.baselines import (
     EnsembleController,
@@ -23,7 +25,6 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.model_names import MODEL_NAMES
 from nsacdrive.controllers.objectives import gaussian_nll
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
-from scipy import stats
 
 HEADS = ["mcdropout", "evidential", "sdenet"]
 HEAD_TYPES = {"mcdropout": MCDropoutHead, "evidential": EvidentialHead, "sdenet": SDENetHead}

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_fixtures import normalize, write_synthetic
-from nsacdrive.data_collection.episode import load_episode_arrays
-from nsacdrive.data_collection.summary import ACTION_NAMES
-from nsacdrive.envs.colours import list_presets
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
+from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.summary import ACTION_NAMES
+from nsacdrive.envs.colours import list_presets
 
 EPISODE = "expert_default_seed000000"
 STEPS = 40

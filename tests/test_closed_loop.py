@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from float_paths import assert_predictions_agree, path_rtol
-from nsacdrive.eval.closed_loop import DriveConfig, EpisodeRecord, EvalConfig, aggregate, evaluate_closed_loop, throttle_cap
 from run_fixtures import tiny_run
+
+from nsacdrive.eval.closed_loop import DriveConfig, EpisodeRecord, EvalConfig, aggregate, evaluate_closed_loop, throttle_cap
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,7 @@ def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
 
 def test_cached_tokens_give_the_same_prediction_as_re_encoding_the_sequence(trained_run):
     import torch
+
     from nsacdrive.envs.observation import preprocess_observation
     from nsacdrive.eval.driver import ControllerAgent
 

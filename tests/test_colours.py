@@ -8,6 +8,7 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+
 from nsacdrive.envs import make_car_racing
 from nsacdrive.envs.colours import (
     DEFAULT_SCHEME,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsacdrive.common.config_checks import Range, check_fields, config_from_dict
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.encoders import EncoderConfig

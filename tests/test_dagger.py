@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from run_fixtures import tiny_run
+
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.controllers.checkpoint import CheckpointError, load_weights
@@ -18,7 +20,6 @@ from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, collect
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.eval.dagger import Dagger, DaggerConfig, round_seeds
-from run_fixtures import tiny_run
 
 
 class ConstantAgent:

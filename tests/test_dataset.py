@@ -8,19 +8,20 @@ import gc
 import json
 import warnings
 
-import nsacdrive.data_collection.dataset as dataset_module
 import numpy as np
 import psutil
 import pytest
 import torch
 from data_fixtures import preprocessed_marker, synthetic_arrays, synthetic_metadata, write_synthetic
+from torch.utils.data import DataLoader
+
+import nsacdrive.data_collection.dataset as dataset_module
 from nsacdrive.data_collection.dataset import INTRO_STEPS, EpisodeGroupedSampler, SeedSplit, SequenceDataset
 from nsacdrive.data_collection.episode import EpisodeFileError, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.summary import ACTION_NAMES, summarize
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.observation import preprocess_observation
-from torch.utils.data import DataLoader
 
 #: (n_steps, track seed) of the shared small dataset; episode i is written as "ep0i"
 EPISODES = [(30, 0), (30, 1), (25, 2), (40, 3), (12, 4), (30, 5)]

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+
 from nsacdrive.envs import (
     ENV_ID,
     STATE_FIELDS,

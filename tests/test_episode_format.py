@@ -15,6 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 from data_fixtures import encode_raw, synthetic_arrays, synthetic_metadata, write_raw_episode, write_synthetic
+
 from nsacdrive.data_collection.episode import (
     EPISODE_ARRAYS,
     FORMAT_VERSION,

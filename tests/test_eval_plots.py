@@ -9,15 +9,15 @@ import cv2
 import numpy as np
 import pytest
 from data_fixtures import normalize
-from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
-from nsacdrive.eval.plots import spearman, write_episode_figures, write_evaluation_figures
-from nsacdrive.eval.results import choose_episodes
-from nsacdrive.eval.video import DeterminismError, video_size, write_episode_video
 from run_fixtures import tiny_run
 from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+from nsacdrive.eval.plots import spearman, write_episode_figures, write_evaluation_figures
+from nsacdrive.eval.results import choose_episodes
+from nsacdrive.eval.video import DeterminismError, video_size, write_episode_video
 
 STEPS = 30
 EPISODES = ("run_default_seed000003_r0", "run_default_seed000004_r0")

@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+
 from nsacdrive.agents import PurePursuitConfig, PurePursuitExpert
 from nsacdrive.agents.base import Agent
 from nsacdrive.envs import make_car_racing, privileged_state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium.envs.box2d.car_racing import CarRacing
+
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.envs import make_car_racing

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH, TrackGeometry, wrap_angle
 
 # --------------------------------------------------------------------------- tracks

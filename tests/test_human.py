@@ -12,14 +12,14 @@ import numpy as np  # noqa: E402
 import pygame  # noqa: E402
 import pytest  # noqa: E402
 from data_fixtures import normalize  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
 from nsacdrive.agents.human import HumanAgent, KeyboardState  # noqa: E402
+from nsacdrive.cli import app  # noqa: E402
 from nsacdrive.data_collection.episode import load_episode_arrays  # noqa: E402
 from nsacdrive.data_collection.human import HumanDriveConfig, record_human  # noqa: E402
 from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, LOG_NAME  # noqa: E402
 from nsacdrive.envs.camera_window import BRAKE, GAS, READOUT_HEIGHT, STEER, CameraWindow, Readout  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-from nsacdrive.cli import app  # noqa: E402
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from nsacdrive.eval.closed_loop import (
     DriveConfig,
     EpisodeKey,

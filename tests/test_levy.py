@@ -14,11 +14,12 @@ import dataclasses
 import math
 
 import mpmath
-import nsacdrive.controllers.levy as levy_module
 import numpy as np
 import pytest
 import scipy.special as sps
 import torch
+
+import nsacdrive.controllers.levy as levy_module
 from nsacdrive.controllers.levy import (
     LevyActionHead,
     LevyActionHeadConfig,

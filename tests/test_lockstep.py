@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from float_paths import assert_predictions_agree, path_rtol, prediction_row
+from run_fixtures import TINY_MODEL
+
 from nsacdrive.controllers.heads import global_rng_from
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import build_controller
@@ -21,7 +23,6 @@ from nsacdrive.eval.closed_loop import (
     run_episode,
     run_episodes,
 )
-from run_fixtures import TINY_MODEL
 
 TIMES = torch.tensor([[-0.06, -0.04, -0.02, 0.0]])
 

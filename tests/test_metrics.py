@@ -23,6 +23,7 @@ import scipy.stats
 import uncertainty_toolbox as uct
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsacdrive.controllers import metrics as M
 from nsacdrive.controllers.metrics import (
     ause,

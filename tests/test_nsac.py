@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from nsacdrive.controllers.circuit_attention import block_topk, exact_topk
 from nsacdrive.controllers.nsac import NAC, NSAC, NACConfig, NSACConfig, attention_per_position, decompose, ou_moments
 from nsacdrive.controllers.objectives import NSACObjective, frozen_batchnorm_statistics, gaussian_nll, gaussian_perturbation
-from torch import nn
 
 MODES = ["corrected", "reference"]
 

@@ -15,6 +15,7 @@ import torch
 torch_nac_layers = pytest.importorskip("torch_nac.layers")
 
 from float_paths import assert_paths_agree, path_rtol
+
 from nsacdrive.controllers.nsac import NSAC, NSACConfig  # noqa: E402
 
 D_MODEL, HEADS, INPUT, OUTPUT = 16, 4, 12, 3

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from nsacdrive.envs.observation import (
     HUD_ROWS,
     PREPROCESSED_FRAME_SHAPE,

@@ -7,6 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from nsacdrive.agents.ppo import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -21,13 +23,11 @@ from nsacdrive.agents.ppo import (
     train_ppo,
 )
 from nsacdrive.agents.registry import make_agent
+from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, privileged_state
-from typer.testing import CliRunner
-
-from nsacdrive.cli import app
 
 SMOKE = dict(timesteps=2048, n_envs=1, n_steps=256, batch_size=128, n_epochs=2, eval_freq=1024, eval_episodes=1,
              max_episode_steps=120, progress_bar=False)

@@ -10,8 +10,9 @@ import time
 
 import pytest
 from data_fixtures import write_synthetic
-from nsacdrive.common.progress import LogLines, is_terminal, progress_bar
 from tqdm import tqdm
+
+from nsacdrive.common.progress import LogLines, is_terminal, progress_bar
 
 
 class Terminal(io.StringIO):

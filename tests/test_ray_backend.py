@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize
-from nsacdrive.common.backends import RAY_MISSING, ray_cluster, run_tasks
-from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from run_fixtures import tiny_run
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
+from nsacdrive.common.backends import RAY_MISSING, ray_cluster, run_tasks
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
 
 def square_and_threads(value: int) -> tuple[int, int]:

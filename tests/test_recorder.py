@@ -15,6 +15,7 @@ import pytest
 from data_fixtures import file_bytes, replay_episode
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import apply_action_noise, termination_reason
 from nsacdrive.common.resume import SETTINGS_FILE

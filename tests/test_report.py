@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 from browser import find_chromium, load_page, page_url
 from data_fixtures import normalize
+from typer.testing import CliRunner
+
+from nsacdrive.cli import app
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.run import load_run
@@ -26,9 +29,6 @@ from nsacdrive.eval.explain.report import ReportConfig, write_report
 from nsacdrive.eval.explain.saliency import TARGETS, GradCamUnavailable, SaliencyConfig, SaliencyInputs, grad_cam, sanity_check
 from nsacdrive.eval.offline import evaluate_run, write_tables
 from nsacdrive.eval.video import redrive_episode
-from typer.testing import CliRunner
-
-from nsacdrive.cli import app
 
 STEPS = 40
 TINY = dict(encoder=EncoderConfig(token_dim=16, channels=(8, 16, 16)), d_model=16, num_heads=4, topk=4)

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import pytest
 from data_fixtures import normalize
-from nsacdrive.common.resume import SETTINGS_FILE, SettingChange, SettingsChanged, check_settings, record_settings
-from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig, collect
-from nsacdrive.data_collection.summary import summarize
-from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from run_fixtures import tiny_run
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
+from nsacdrive.common.resume import SETTINGS_FILE, SettingChange, SettingsChanged, check_settings, record_settings
+from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig, collect
+from nsacdrive.data_collection.summary import summarize
+from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
 # ------------------------------------------------------------------------------ the mechanism
 

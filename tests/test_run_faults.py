@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from data_fixtures import synthetic_arrays, synthetic_metadata, write_synthetic
+
 from nsacdrive.controllers import checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
@@ -279,12 +280,12 @@ def test_loading_a_run_of_the_same_major_versions_or_without_a_record_is_silent(
 
 
 def test_offline_tables_closed_loop_aggregates_and_dataset_manifests_record_versions(tiny_run, tiny_data, tmp_path):
-    from nsacdrive.common.versions import current_versions
-    from nsacdrive.data_collection.manifest import build_manifest
-    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
     from typer.testing import CliRunner
 
     from nsacdrive.cli import app
+    from nsacdrive.common.versions import current_versions
+    from nsacdrive.data_collection.manifest import build_manifest
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     result = CliRunner().invoke(app, ["evaluate-offline", str(tiny_run), "--data", str(tiny_data), "--out", str(tmp_path / "offline")])
     assert result.exit_code == 0, result.output

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 

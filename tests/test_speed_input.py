@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from float_paths import assert_paths_agree, path_rtol
+
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import build_controller

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from float_paths import assert_predictions_agree, path_rtol
+from safetensors.torch import load_file
+
 from nsacdrive.controllers.checkpoint import LAST_WEIGHTS, CheckpointError, latest_checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
@@ -21,7 +23,6 @@ from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.eval.driver import ControllerAgent
-from safetensors.torch import load_file
 
 TINY_ENCODER = EncoderConfig(token_dim=16, channels=(8, 16, 16))
 ALL_MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})

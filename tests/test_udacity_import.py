@@ -13,6 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from data_fixtures import encode_raw, normalize, synthetic_arrays, write_raw_episode, write_synthetic
+from typer.testing import CliRunner
+from udacity_fixtures import PATH_STYLES, write_recording
+
+from nsacdrive.cli import app
 from nsacdrive.data_collection.dataset import dataset_roots
 from nsacdrive.data_collection.episode import EpisodeFileError, load_episode_arrays, read_sidecar, write_episode
 from nsacdrive.data_collection.errors import DatasetError
@@ -27,10 +31,6 @@ from nsacdrive.data_collection.udacity_import import (
     read_driving_log,
     udacity_dataset,
 )
-from typer.testing import CliRunner
-from udacity_fixtures import PATH_STYLES, write_recording
-
-from nsacdrive.cli import app
 
 
 def invoke(*args):

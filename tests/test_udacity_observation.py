@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence, scale_brightness, shadow, translate
 from nsacdrive.envs.observation import preprocess_observation
 from nsacdrive.envs.observation_kinds import OBSERVATION_KINDS, observation_kind, preprocess_for

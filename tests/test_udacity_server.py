@@ -14,11 +14,15 @@ import queue
 from pathlib import Path
 
 import cv2
-import nsacdrive.data_collection.udacity_import as udacity_import
 import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize
+from run_fixtures import tiny_run
+from udacity_fixtures import camera_image, write_recording
+
+import nsacdrive.data_collection.udacity_import as udacity_import
+from bench.udacity_socket_transcript import free_port, road_picture, start_server
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -38,10 +42,6 @@ from nsacdrive.eval.serve.udacity_server import (
     encode_camera_image,
 )
 from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient
-from run_fixtures import tiny_run
-from udacity_fixtures import camera_image, write_recording
-
-from bench.udacity_socket_transcript import free_port, road_picture, start_server
 
 
 class ScriptedAgent:

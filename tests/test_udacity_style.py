@@ -9,13 +9,16 @@ from pathlib import Path
 
 import cv2
 import gymnasium as gym
-import nsacdrive.envs as envs
 import numpy as np
 import pytest
 from data_fixtures import normalize
 from gymnasium.utils.env_checker import check_env
+from typer.testing import CliRunner
+
+import nsacdrive.envs as envs
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
+from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
@@ -26,9 +29,6 @@ from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
 from nsacdrive.envs.udacity_style import ENV_ID, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
-from typer.testing import CliRunner
-
-from nsacdrive.cli import app
 
 SEED = 3
 STEPS = 30

@@ -9,11 +9,16 @@ import functools
 import json
 from pathlib import Path
 
-import nsacdrive.data_collection.udacity_import as udacity_import
 import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize, write_synthetic
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+from udacity_fixtures import write_recording
+
+import nsacdrive.data_collection.udacity_import as udacity_import
+from nsacdrive.cli import app
 from nsacdrive.controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -29,11 +34,6 @@ from nsacdrive.envs.udacity_observation import preprocess_udacity
 from nsacdrive.eval.driver import ControllerAgent
 from nsacdrive.eval.explain.saliency import GradCamUnavailable, gradcam_layer
 from nsacdrive.eval.offline import evaluate_run
-from safetensors.torch import load_file
-from typer.testing import CliRunner
-from udacity_fixtures import write_recording
-
-from nsacdrive.cli import app
 
 ALL_MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
 CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "udacity.json"

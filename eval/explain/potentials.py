@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from torch import nn
+
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.controller import Controller
@@ -46,7 +48,6 @@ from nsacdrive.controllers.nsac import NAC, NSAC, NSACInternals, scatter_to_posi
 from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.eval.plots import TrackMap, new_figure, path_panel, spearman
 from nsacdrive.eval.results import EvaluationError
-from torch import nn
 
 BANDS = ("left", "straight", "right")
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.common.atomic import (
     PARTIAL_SUFFIX,
     atomic_write_bytes,

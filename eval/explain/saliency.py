@@ -47,11 +47,12 @@ from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
+from torch import nn
+
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import PerFrameEncoder
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, preprocess_observation
 from nsacdrive.eval.plots import new_figure, spearman
-from torch import nn
 
 TARGETS = ("steer", "gas", "brake", "steer_std")
 TARGET_MEANINGS = {

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 import cv2
 import numpy as np
+
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
