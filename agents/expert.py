@@ -3,9 +3,9 @@
 It reads only the privileged state (pose and track geometry), so it can label ANY state, which
 DAgger needs, and it needs no pixels, so it runs at physics speed in render-free envs.
 
-Steering: pure pursuit towards the centreline point ``lookahead = base + gain·speed`` ahead of
-the car's projection, ``steer = clip(steer_gain · atan2(lx, ly))`` with (lx, ly) the target in
-the car frame (+x right, +y forward). Speed: a braking-distance profile. Each centreline sample
+Steering: pure pursuit towards the centreline point ``lookahead = base + gain·speed (+ k·|lateral
+error|)`` ahead of the car's projection, ``steer = clip(steer_gain · atan2(lx, ly))`` (or ``tanh``)
+with (lx, ly) the target in the car frame (+x right, +y forward). Speed: a braking-distance profile. Each centreline sample
 at distance d ahead (curvature κ averaged over ``curvature_window``) allows the corner speed
 ``sqrt(lateral_accel / |κ|)``; the speed allowed now is ``min_d sqrt(v_corner(d)² + 2·brake_accel·d)``
 capped by ``max_speed``. Throttle and brake are proportional to the speed error, throttle is
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
 from nsacdrive.envs.state import PrivilegedState
 
 
@@ -43,12 +44,26 @@ class PurePursuitConfig:
     brake_margin: float = 1.5  # unit/s over target before braking
     max_wheel_spin: float = 5.0  # unit/s of rear rim speed over ground speed (traction control)
     max_wheel_skid: float = 10.0  # unit/s of ground speed over front rim speed (ABS)
+    lookahead_per_lateral: float = 0.0  # world units per unit of |lateral error|: recoveries aim further ahead
+    soft_steer: bool = False  # steer = tanh(command) instead of clip(command, −1, 1)
 
     def __post_init__(self) -> None:
         if self.steer_gain <= 0 or self.max_speed <= 0 or self.lateral_accel <= 0:
             raise ValueError("steer_gain, max_speed and lateral_accel must be positive")
         if self.curvature_samples < 1:
             raise ValueError("curvature_samples must be >= 1")
+        if self.lookahead_per_lateral < 0:
+            raise ValueError(f"lookahead_per_lateral must be >= 0, got {self.lookahead_per_lateral}")
+
+    @classmethod
+    def smooth(cls) -> PurePursuitConfig:
+        """The smooth teacher (agent spec ``expert:smooth``): tanh instead of a hard clip, two thirds
+        of the steering gain, and a look-ahead that grows by 0.5 per unit of lateral error.
+
+        Still memoryless. Tuned on seeds 0–99 against label jitter under action noise σ = 0.2;
+        ``python -m bench.teacher_smoothness`` compares it with the default.
+        """
+        return cls(steer_gain=0.8, lookahead_per_lateral=0.5, soft_steer=True)
 
 
 class PurePursuitExpert:
@@ -78,22 +93,28 @@ class PurePursuitExpert:
         allowed = np.sqrt(corner_speed_sq + 2.0 * cfg.brake_accel * distance)
         return float(min(cfg.max_speed, allowed.min()))
 
-    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+    def steer(self, state: PrivilegedState) -> float:
+        """Pure pursuit of the centreline point ``lookahead`` ahead of the car's projection."""
         cfg = self.cfg
         pose = state.pose
-        speed = pose.forward_speed
-        lookahead = cfg.lookahead_base + cfg.lookahead_per_speed * max(speed, 0.0)
-        target = state.geometry.point_at(state.progress + lookahead)
-        delta = target - pose.position
+        speed = max(pose.forward_speed, 0.0)
+        lookahead = cfg.lookahead_base + cfg.lookahead_per_speed * speed + cfg.lookahead_per_lateral * abs(state.lateral_error)
+        delta = state.geometry.point_at(state.progress + lookahead) - pose.position
         right = np.array([np.cos(pose.angle), np.sin(pose.angle)])
         forward = np.array([-np.sin(pose.angle), np.cos(pose.angle)])
-        steer = float(np.clip(cfg.steer_gain * np.arctan2(delta @ right, delta @ forward), -1.0, 1.0))
+        command = cfg.steer_gain * np.arctan2(delta @ right, delta @ forward)  # > 0: the target lies to the right
+        return float(np.tanh(command) if cfg.soft_steer else np.clip(command, -1.0, 1.0))
+
+    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        cfg = self.cfg
+        speed = state.pose.forward_speed
+        steer = self.steer(state)
         speed_error = self.target_speed(state) - speed
         gas = float(np.clip(cfg.throttle_gain * speed_error, 0.0, cfg.max_throttle))
         gas *= max(0.0, 1.0 - cfg.throttle_steer_cut * abs(steer))
-        if pose.rear_wheel_slip > cfg.max_wheel_spin:
+        if state.pose.rear_wheel_slip > cfg.max_wheel_spin:
             gas = 0.0
         brake = float(np.clip(cfg.brake_gain * (-speed_error - cfg.brake_margin), 0.0, 0.85))
-        if pose.front_wheel_slip < -cfg.max_wheel_skid:
+        if state.pose.front_wheel_slip < -cfg.max_wheel_skid:
             brake = 0.0
         return np.array([steer, gas, brake], dtype=np.float32)

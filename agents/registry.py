@@ -2,8 +2,8 @@
 
 A spec is a short string, so it can be stored in sidecars; an :class:`AgentKinds` table says
 which factory builds each kind. This layer fills :data:`AGENT_KINDS` with its own kinds:
-``expert`` (the tuned pure-pursuit teacher) and ``ppo:DIR`` (a model trained by ``nsacdrive
-expert train``, :class:`nsacdrive.agents.ppo.PPOAgent`). A layer above adds its kinds with
+``expert`` (the tuned pure-pursuit teacher; ``expert:smooth`` its smooth variant) and ``ppo:DIR``
+(a model trained by ``nsacdrive expert train``, :class:`nsacdrive.agents.ppo.PPOAgent`). A layer above adds its kinds with
 :meth:`AgentKinds.with_kind` (evaluation adds ``controller:RUN``) and hands its table to whatever
 builds agents. Tables travel inside the jobs sent to worker processes and their factories are
 pickled by reference, so a spawned worker builds every kind its parent could; this layer never
@@ -16,11 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nsacdrive.agents.base import Agent
-from nsacdrive.agents.expert import PurePursuitExpert
+from nsacdrive.agents.expert import PurePursuitConfig, PurePursuitExpert
 
 #: Builds an agent from the text after ``KIND:`` (empty for a bare ``KIND``). Module-level
 #: functions or classes only: worker processes import them by name.
 AgentFactory = Callable[[str], Agent]
+
+#: The pure-pursuit configs ``expert[:VARIANT]`` names (the bare spec is the default teacher).
+EXPERT_CONFIGS: dict[str, Callable[[], PurePursuitConfig]] = {"": PurePursuitConfig, "smooth": PurePursuitConfig.smooth}
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,13 @@ class AgentKinds:
         return factories[kind](argument)
 
 
-def expert_agent(argument: str) -> Agent:
-    """``expert``: the tuned pure-pursuit teacher (any argument is ignored)."""
-    return PurePursuitExpert()
+def expert_agent(variant: str) -> Agent:
+    """``expert``: the tuned pure-pursuit teacher; ``expert:smooth``: its smooth variant
+    (:meth:`PurePursuitConfig.smooth`)."""
+    if variant not in EXPERT_CONFIGS:
+        expected = ", ".join(f"expert:{name}" if name else "expert" for name in EXPERT_CONFIGS)
+        raise ValueError(f"--agent: unknown expert variant {variant!r}; expected one of {expected}")
+    return PurePursuitExpert(EXPERT_CONFIGS[variant]())
 
 
 def ppo_agent(model_dir: str) -> Agent:

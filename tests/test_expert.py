@@ -15,6 +15,7 @@ import pytest
 
 from nsacdrive.agents import PurePursuitConfig, PurePursuitExpert
 from nsacdrive.agents.base import Agent
+from nsacdrive.agents.registry import make_agent
 from nsacdrive.envs import make_car_racing, privileged_state
 from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
@@ -148,6 +149,66 @@ def test_accelerates_from_rest_and_brakes_when_far_too_fast():
     assert gas == 0.0 and brake > 0.0
 
 
+# --------------------------------------------------------------------------- the smooth teacher
+
+SMOOTH = PurePursuitExpert(PurePursuitConfig.smooth())
+
+
+@pytest.mark.parametrize(
+    ("geometry", "x", "y", "direction", "speed", "expected"),
+    [
+        (LOOP, 100.0, -2.0, 0.2, 30.0, [0.05682080611586571, 0.943179190158844, 0.0]),
+        (LOOP, 385.0, 1.0, 0.1, 80.0, [-0.40395259857177734, 0.0, 0.8500000238418579]),
+        (circle(40.0), 40.0, -1.5, np.pi / 2 + 0.3, 25.0, [0.22217676043510437, 0.7778232097625732, 0.0]),
+        (LOOP, 100.0, -30.0, 0.0, 10.0, [-1.0, 0.0, 0.0]),
+    ],
+)
+def test_default_teacher_acts_exactly_as_before_the_smooth_options(geometry, x, y, direction, speed, expected):
+    # values recorded from the teacher before lookahead_per_lateral and soft_steer existed
+    action = PurePursuitExpert().act(BLANK, make_state(geometry, x, y, direction, speed))
+    np.testing.assert_array_equal(action, np.array(expected, dtype=np.float32))
+
+
+def test_smooth_teacher_goes_straight_on_the_centreline_and_is_mirror_symmetric():
+    assert steer_of(make_state(LOOP, 100.0, 0.0, direction=0.0, speed=30.0), SMOOTH) == pytest.approx(0.0, abs=1e-6)
+    for offset, heading in [(2.0, 0.0), (0.0, 0.4), (3.0, 0.3)]:  # right of the line and/or nose right
+        right = steer_of(make_state(LOOP, 100.0, -offset, direction=-heading, speed=40.0), SMOOTH)
+        left = steer_of(make_state(LOOP, 100.0, offset, direction=heading, speed=40.0), SMOOTH)
+        assert right == pytest.approx(-left, abs=1e-6)
+        assert right < 0
+
+
+def sweep_steers(expert: PurePursuitExpert) -> np.ndarray:
+    """Steering along a car that slides from 12 units left of the line to 12 right while turning its nose."""
+    offsets = np.linspace(-12.0, 12.0, 241)
+    headings = np.linspace(0.9, -0.9, 241)
+    return np.array([steer_of(make_state(LOOP, 100.0, -y, direction=h, speed=40.0), expert) for y, h in zip(offsets, headings)])
+
+
+def test_smooth_teacher_never_saturates_and_changes_less_between_neighbouring_states():
+    old, smooth = sweep_steers(PurePursuitExpert()), sweep_steers(SMOOTH)
+    assert np.abs(old).max() == 1.0 and np.abs(smooth).max() < 0.95
+    assert np.all(np.diff(smooth) < 0)  # monotone: from steering right to steering left, no wobble
+    assert np.abs(np.diff(smooth)).max() < 0.02
+    assert np.abs(np.diff(smooth)).max() < 0.7 * np.abs(np.diff(old)).max()
+    assert steer_of(make_state(LOOP, 100.0, -30.0, direction=0.0, speed=10.0), SMOOTH) > -1.0
+
+
+def test_lookahead_grows_with_lateral_error_so_recoveries_aim_further_ahead():
+    far_off = make_state(LOOP, 100.0, -5.0, direction=0.0, speed=20.0)
+    near_aim = PurePursuitExpert(dataclasses.replace(PurePursuitConfig.smooth(), lookahead_per_lateral=0.0))
+    assert steer_of(far_off, near_aim) < steer_of(far_off, SMOOTH) < 0
+    on_line = make_state(LOOP, 100.0, 0.0, direction=0.3, speed=20.0)
+    assert steer_of(on_line, near_aim) == steer_of(on_line, SMOOTH)
+
+
+def test_expert_smooth_spec_builds_the_smooth_teacher_and_unknown_variants_are_named():
+    assert make_agent("expert").cfg == PurePursuitConfig()
+    assert make_agent("expert:smooth").cfg == PurePursuitConfig.smooth()
+    with pytest.raises(ValueError, match=r"unknown expert variant 'fast'.*expert, expert:smooth"):
+        make_agent("expert:fast")
+
+
 # --------------------------------------------------------------------------- agent contract and purity
 
 
@@ -172,19 +233,25 @@ def test_config_validation():
         PurePursuitConfig(lateral_accel=0.0)
     with pytest.raises(ValueError, match="curvature_samples"):
         PurePursuitConfig(curvature_samples=0)
+    with pytest.raises(ValueError, match="lookahead_per_lateral must be >= 0, got -1"):
+        PurePursuitConfig(lookahead_per_lateral=-1.0)
 
 
-def test_act_is_a_pure_function_of_the_state():
+TEACHERS = pytest.mark.parametrize("config", [PurePursuitConfig(), PurePursuitConfig.smooth()], ids=["default", "smooth"])
+
+
+@TEACHERS
+def test_act_is_a_pure_function_of_the_state(config):
     env = make_car_racing(render_observations=False)
     obs, _ = env.reset(seed=0)
     for _ in range(30):
         obs, *_ = env.step(np.array([0.3, 0.6, 0.0], dtype=np.float32))
     state = privileged_state(env)
     vector = state.as_vector().copy()
-    expert = PurePursuitExpert()
+    expert = PurePursuitExpert(config)
     first = expert.act(obs, state)
     np.testing.assert_array_equal(expert.act(obs, state), first)
-    np.testing.assert_array_equal(PurePursuitExpert().act(obs, state), first)
+    np.testing.assert_array_equal(PurePursuitExpert(config).act(obs, state), first)
     expert.reset()
     np.testing.assert_array_equal(expert.act(obs, state), first)
     noise = np.random.default_rng(0).integers(0, 256, size=(96, 96, 3), dtype=np.uint8)
@@ -196,10 +263,11 @@ def test_act_is_a_pure_function_of_the_state():
 # --------------------------------------------------------------------------- closed loop
 
 
+@TEACHERS
 @pytest.mark.parametrize("seed", [0, 1])
-def test_expert_drives_200_steps_on_the_road_and_makes_progress(seed):
+def test_expert_drives_200_steps_on_the_road_and_makes_progress(seed, config):
     env = make_car_racing(render_observations=False, max_episode_steps=200)
-    expert = PurePursuitExpert()
+    expert = PurePursuitExpert(config)
     obs, _ = env.reset(seed=seed)
     expert.reset()
     low, high = env.action_space.low, env.action_space.high
@@ -242,15 +310,16 @@ def perturb(env, seed: int, steps: int = 50):
     return obs
 
 
+@TEACHERS
 @pytest.mark.parametrize("seed", [1, 2, 4])
-def test_expert_labels_a_perturbed_state_by_steering_back_and_recovers(seed):
+def test_expert_labels_a_perturbed_state_by_steering_back_and_recovers(seed, config):
     env = make_car_racing(render_observations=False, max_episode_steps=200)
     env.reset(seed=seed)
     obs = perturb(env, seed)
     state = privileged_state(env)
     geometry = state.geometry
     assert abs(state.lateral_error) > 5.0  # really perturbed
-    expert = PurePursuitExpert()
+    expert = PurePursuitExpert(config)
     steer = float(expert.act(obs, state)[0])
     # right of centre (lateral > 0) => steer left (< 0), and vice versa
     assert np.sign(steer) == -np.sign(state.lateral_error)

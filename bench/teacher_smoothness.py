@@ -1,0 +1,173 @@
+"""How smooth the pure-pursuit teacher's steering labels are: ``expert`` against ``expert:smooth``.
+
+Render-free, one process. Labels are recorded on tracks 0–27 as ``make demo`` collects them:
+clean, and with executed-action noise σ = 0.2 (noise stream seeded like ``nsacdrive collect``,
+noise seed 0). A third condition shows the states DAgger asks about: a poor learner (the default
+expert with a random steering offset in [−0.8, 0.8] held for 20 steps) drives each step with
+probability 1/2, 600 steps. Quality is the clean score on the held-out tracks 1000–1099.
+Results go to bench/results/teacher_smoothness.json.
+
+Usage: ``python -m bench.teacher_smoothness [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+import numpy as np  # noqa: E402
+
+from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
+from nsacdrive.agents.quality import evaluate_agent  # noqa: E402
+from nsacdrive.agents.registry import make_agent  # noqa: E402
+from nsacdrive.agents.rollout import drive  # noqa: E402
+from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
+from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
+from nsacdrive.envs.state import PrivilegedState  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEACHERS = ("expert", "expert:smooth")
+WHEEL_LOCK = 0.4  # rad: the front wheel joints stop here, so any |steer| >= 0.4 is full lock
+
+
+@dataclass(frozen=True)
+class Condition:
+    """How the labelled states are visited: action noise σ, or a poor learner mixed in with β."""
+
+    name: str
+    noise_sigma: float = 0.0
+    learner_beta: float | None = None  # probability the teacher drives; None: no learner
+    max_steps: int = 1000
+
+
+CONDITIONS = (
+    Condition("clean"),
+    Condition("noise 0.2", noise_sigma=0.2),
+    Condition("poor learner, beta 0.5", learner_beta=0.5, max_steps=600),
+)
+
+
+class WanderingLearner:
+    """A poor learner for the DAgger-like condition: the default expert plus a random steering offset."""
+
+    needs_pixels = False
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._expert = PurePursuitExpert()
+        self._step, self._offset = 0, 0.0
+
+    def reset(self) -> None:
+        self._step, self._offset = 0, 0.0
+
+    def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        if self._step % 20 == 0:
+            self._offset = float(self._rng.uniform(-0.8, 0.8))
+        self._step += 1
+        action = self._expert.act(observation, state)
+        action[0] = np.clip(action[0] + self._offset, -1.0, 1.0)
+        return action
+
+
+@dataclass(frozen=True)
+class LabelledEpisode:
+    steer: np.ndarray  # the teacher's steering label at every step
+    score: float
+    lap_finished: bool
+    mean_abs_lateral_error: float
+
+
+def record(spec: str, seeds: list[int], condition: Condition) -> list[LabelledEpisode]:
+    """One episode per seed under ``condition``, with the teacher ``spec`` labelling every step."""
+    env = make_car_racing(render_observations=False, max_episode_steps=condition.max_steps)
+    teacher = make_agent(spec)
+    episodes = []
+    for seed in seeds:
+        rng = np.random.default_rng([0, seed])  # as the recorder seeds noise and mixing (noise seed 0)
+        learner = WanderingLearner(seed) if condition.learner_beta is not None else None
+        beta = condition.learner_beta if learner is not None else 1.0
+        steps = list(drive(env, teacher, seed, condition.noise_sigma, rng, learner, beta))
+        steer = np.array([step.label[0] for step in steps])
+        lap_finished = bool(steps[-1].info.get("lap_finished", False))
+        lateral = float(np.mean([abs(step.state.lateral_error) for step in steps]))
+        episodes.append(LabelledEpisode(steer, sum(step.reward for step in steps), lap_finished, lateral))
+    env.close()
+    return episodes
+
+
+def smoothness(episodes: list[LabelledEpisode]) -> dict[str, float]:
+    """Label statistics over all steps (changes are taken within episodes only), score and laps."""
+    steers = [e.steer for e in episodes]
+    steer = np.concatenate(steers)
+    change = np.abs(np.concatenate([np.diff(s) for s in steers]))
+    flips = sum(int(np.sum(s[1:] * s[:-1] < 0)) for s in steers)
+    return {
+        "mean_abs_change": float(change.mean()),
+        "p99_abs_change": float(np.percentile(change, 99)),
+        "max_abs_change": float(change.max()),
+        "change_over_0.5_pct": float(100 * np.mean(change > 0.5)),
+        "saturated_pct": float(100 * np.mean(np.abs(steer) >= 0.999)),
+        "wheel_lock_pct": float(100 * np.mean(np.abs(steer) >= WHEEL_LOCK)),
+        "sign_flips_per_100": float(100 * flips / len(steer)),
+        "score_mean": float(np.mean([e.score for e in episodes])),
+        "lap_finished_pct": float(100 * np.mean([e.lap_finished for e in episodes])),
+        "mean_abs_lateral_error": float(np.mean([e.mean_abs_lateral_error for e in episodes])),
+    }
+
+
+ROWS = (
+    ("mean |Δsteer| per step", "mean_abs_change", "{:.4f}"),
+    ("99th percentile |Δsteer|", "p99_abs_change", "{:.3f}"),
+    ("max |Δsteer|", "max_abs_change", "{:.2f}"),
+    ("steps with |Δsteer| > 0.5", "change_over_0.5_pct", "{:.2f}%"),
+    ("steps with |steer| = 1", "saturated_pct", "{:.2f}%"),
+    ("steps with |steer| >= 0.4 (full lock)", "wheel_lock_pct", "{:.2f}%"),
+    ("steer sign flips per 100 steps", "sign_flips_per_100", "{:.2f}"),
+    ("score mean", "score_mean", "{:.1f}"),
+    ("lap finished", "lap_finished_pct", "{:.0f}%"),
+    ("mean |lateral error|", "mean_abs_lateral_error", "{:.2f}"),
+)
+
+
+def print_columns(title: str, rows: list[tuple[str, ...]]) -> None:
+    """A table with a name column and one column per teacher."""
+    width = max(len(title), *(len(row[0]) for row in rows))
+    print(f"\n{title:<{width}}" + "".join(f"  {spec:>13}" for spec in TEACHERS))
+    print("-" * width + "  " + "  ".join("-" * 13 for _ in TEACHERS))
+    for name, *values in rows:
+        print(f"{name:<{width}}" + "".join(f"  {value:>13}" for value in values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 training and 10 held-out tracks (a smoke run)")
+    quick = parser.parse_args().quick
+    seeds = list(range(4 if quick else 28))
+    held_out = list(range(1000, 1010 if quick else 1100))
+    results: dict[str, dict[str, object]] = {spec: {} for spec in TEACHERS}
+    for condition in CONDITIONS:
+        for spec in TEACHERS:
+            results[spec][condition.name] = smoothness(record(spec, seeds, condition))
+        rows = [(name, *(fmt.format(results[spec][condition.name][key]) for spec in TEACHERS)) for name, key, fmt in ROWS]
+        print_columns(f"labels, tracks {seeds[0]}-{seeds[-1]}, {condition.name}", rows)
+    for spec in TEACHERS:
+        results[spec]["held_out"] = evaluate_agent(spec, held_out).aggregate()
+    quality = [results[spec]["held_out"] for spec in TEACHERS]
+    print_columns(f"clean driving, tracks {held_out[0]}-{held_out[-1]}", [
+        ("score mean ± std", *(f"{q['score_mean']:.1f} ± {q['score_std']:.1f}" for q in quality)),
+        ("score min", *(f"{q['score_min']:.1f}" for q in quality)),
+        ("lap finished", *(f"{100 * q['lap_finished_rate']:.0f}%" for q in quality)),
+        ("mean |lateral error|", *(f"{q['mean_abs_lateral_error']:.2f}" for q in quality)),
+    ])
+    out = ROOT / "bench" / "results" / ("teacher_smoothness-quick.json" if quick else "teacher_smoothness.json")
+    atomic_write_json(out, results)
+    print(f"\nsaved → {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
