@@ -47,6 +47,7 @@ class DaggerConfig:
     seeds: str | None = None  # tracks driven in the rounds; None: the init run's training seeds
     colour_presets: tuple[str, ...] = ("default",)
     epochs_per_round: int = 4
+    lr: float | None = None  # fine-tuning learning rate of every round; None: the init run's
     max_steps: int = 1000  # horizon of the round episodes (recorded with the learner in the loop)
     max_batches_per_epoch: int | None = None
     workers: int = 2
@@ -61,6 +62,8 @@ class DaggerConfig:
         for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DAgger config {name} must be >= 1, got {getattr(self, name)}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"DAgger config lr must be > 0, got {self.lr}")
         if not (0.0 <= self.beta0 <= 1.0 and 0.0 <= self.beta_decay <= 1.0):
             raise ValueError(f"DAgger config beta0 and beta_decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
 
@@ -118,6 +121,7 @@ class Dagger:
         data = ",".join([self.init_config.data] + [str(self.data_dir(j)) for j in range(1, k + 1)])
         train_config = dataclasses.replace(self.init_config, data=data, init_from=str(self.run_dir(k - 1)),
                                            epochs=cfg.epochs_per_round, seed=cfg.seed + k,
+                                           lr=self.init_config.lr if cfg.lr is None else cfg.lr,
                                            max_batches_per_epoch=cfg.max_batches_per_epoch or self.init_config.max_batches_per_epoch)
         state = Trainer(train_config, self.run_dir(k), progress=self.progress).fit(resume=True)
         return {"round": k, "beta": cfg.beta(k), "seeds": seeds, "episodes_written": summary.written,

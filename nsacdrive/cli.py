@@ -496,6 +496,7 @@ def dagger(
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
     colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
     epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Fine-tuning learning rate of every round (default: the init run's)."),
     max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
     eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
@@ -511,7 +512,7 @@ def dagger(
     try:
         config = DaggerConfig(init=str(init), rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
                               beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),
-                              epochs_per_round=epochs_per_round, max_steps=max_steps,
+                              epochs_per_round=epochs_per_round, lr=lr, max_steps=max_steps,
                               max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,
                               eval_colour_presets=tuple(_presets(eval_colour_preset)),
                               eval_max_steps=eval_max_steps if eval_max_steps is not None else max_steps)

@@ -101,9 +101,9 @@ def test_init_from_another_architecture_is_refused(bc_run, tmp_path):
 
 
 def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run, tmp_path):
-    config = DaggerConfig(init=str(bc_run), rounds=1, episodes_per_round=2, beta0=0.5, epochs_per_round=1, max_steps=60,
-                          max_batches_per_epoch=2, workers=1, eval_seeds="5", eval_colour_presets=("default", "shift-3"),
-                          eval_max_steps=30)
+    config = DaggerConfig(init=str(bc_run), rounds=1, episodes_per_round=2, beta0=0.5, epochs_per_round=1, lr=4e-4,
+                          max_steps=60, max_batches_per_epoch=2, workers=1, eval_seeds="5",
+                          eval_colour_presets=("default", "shift-3"), eval_max_steps=30)
     report = Dagger(config, tmp_path, progress=False).run()
     records = load_episode_records(tmp_path / "data" / "round-1", None, "raise")
     assert len(records) == 2 and {r.sidecar["track_seed"] for r in records} <= {0, 1}
@@ -115,6 +115,7 @@ def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run
         assert not np.array_equal(record.actions, record.executed_actions)
     run_config = json.loads((tmp_path / "runs" / "round-1" / "config.json").read_text())
     assert run_config["init_from"] == str(bc_run) and run_config["data"].split(",")[1] == str(tmp_path / "data" / "round-1")
+    assert run_config["lr"] == 4e-4  # the round's own fine-tuning rate, not the init run's
     # fine-tuned: starts from BC weights and moves away from them
     bc, tuned = build_controller(ModelConfig.from_dict(run_config["model"])), build_controller(ModelConfig.from_dict(run_config["model"]))
     load_weights(bc, bc_run / "model.safetensors")
@@ -131,6 +132,11 @@ def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run
 
     with pytest.raises(FileExistsError, match="another configuration"):
         Dagger(dataclasses.replace(config, beta0=0.9), tmp_path, progress=False).run()
+
+
+def test_dagger_config_rejects_a_non_positive_learning_rate():
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        DaggerConfig(init="runs/x", lr=0.0)
 
 
 def test_dagger_refuses_round_tracks_that_overlap_held_out_ones(bc_run, tmp_path):
