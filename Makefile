@@ -29,7 +29,8 @@ browser:
 	    echo "installed chromium for the report's browser test"; \
 	  else echo "chromium not installed (no apt-get or no permission): the report's browser test will be skipped"; fi; }
 
-# The main job end to end on built-in defaults: collect → train NSAC → offline table → closed loop → report.
+# The main job end to end on built-in defaults: collect → train NSAC → one DAgger round → offline table →
+# closed loop → report.
 # Every step resumes, so an interrupted demo continues where it stopped.
 demo: install
 	$(NSAC) collect --agent expert --seeds 0-31 --out data/demo --workers 2 --resume
@@ -37,8 +38,9 @@ demo: install
 	$(NSAC) collect --agent expert --seeds 30-31 --colour-preset shift-3 --out data/demo --workers 2 --resume
 	$(NSAC) data info data/demo
 	$(NSAC) train --data data/demo --out runs/demo-nsac --config configs/demo.json --resume
-	$(NSAC) evaluate-offline runs/demo-nsac --data data/demo --colour-preset shift-3 --out runs/demo-offline
-	$(NSAC) eval runs/demo-nsac --seeds 42,1000-1001 --colour-preset default,shift-3 --batch 3 --out runs/demo-closed-loop --resume
+	$(NSAC) dagger --init runs/demo-nsac --rounds 1 --episodes-per-round 16 --lr 0.00025 --out runs/demo-dagger
+	$(NSAC) evaluate-offline runs/demo-dagger/runs/round-1 --data data/demo --colour-preset shift-3 --out runs/demo-offline
+	$(NSAC) eval runs/demo-dagger/runs/round-1 --seeds 42,1000-1001 --colour-preset default,shift-3 --batch 3 --out runs/demo-closed-loop --resume
 	$(NSAC) report runs/demo-closed-loop --offline runs/demo-offline --out runs/demo-report
 
 lint: install
@@ -65,4 +67,4 @@ bench: install bench-deps
 	$(PY) -m bench.closed_loop_speed
 
 clean:
-	rm -rf data/demo runs/demo-nsac runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache
+	rm -rf data/demo runs/demo-nsac runs/demo-dagger runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache
