@@ -37,3 +37,12 @@ class Agent(Protocol):
 
     def config(self) -> dict[str, Any]:
         """JSON-ready configuration, stored in every episode sidecar."""
+
+
+def seed_agent(agent: Agent, seed: int) -> None:
+    """Give ``agent`` a random stream of its own for one episode, if it draws any (agents that do
+    have an optional ``seed(int)`` method): its actions then depend on the episode's seed, not on
+    which episodes a worker process happened to run before."""
+    seed_method = getattr(agent, "seed", None)
+    if callable(seed_method):
+        seed_method(seed)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
+from nsacdrive.agents.base import seed_agent
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
@@ -255,6 +256,10 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     learner = job.agent_kinds.make(job.mixing.learner) if job.mixing is not None else None
     beta = job.mixing.beta if job.mixing is not None else 1.0
     env = job.make_env()
+    episode_seed = int(np.random.SeedSequence([job.noise.seed, job.track_seed]).generate_state(1)[0])
+    for actor in (agent, learner):
+        if actor is not None:
+            seed_agent(actor, episode_seed)
     rng = np.random.default_rng([job.noise.seed, job.track_seed])
     steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
     env.close()

@@ -119,6 +119,12 @@ class ControllerAgent(ControllerPolicy):
         self.frames: deque[np.ndarray] = deque(maxlen=self.history)
         self.agent_id = f"controller:{self.run_dir.name}"
         self.last_prediction: UncertainPrediction | None = None
+        self.generator: torch.Generator | None = None  # None: draws come from torch's global stream
+
+    def seed(self, seed: int) -> None:
+        """Draw this agent's samples from a stream of its own (kept across :meth:`reset`), so an episode's
+        actions depend on its seed, not on what the process ran before it."""
+        self.generator = torch.Generator().manual_seed(seed)
 
     def reset(self) -> None:
         self.reset_episodes(1)
@@ -141,7 +147,8 @@ class ControllerAgent(ControllerPolicy):
         """Predict from the newest frame (and, for controllers with ``speed_input``, the measured speed)."""
         self.frames.append(np.asarray(observation))
         speeds = None if speed is None else np.array([speed], dtype=np.float32)
-        self.last_prediction = self.predict_episodes([0], self.frames[-1][None], speeds)
+        generators = None if self.generator is None else [self.generator]
+        self.last_prediction = self.predict_episodes([0], self.frames[-1][None], speeds, generators)
         return self.last_prediction
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:

@@ -63,3 +63,16 @@ def test_a_controller_agent_records_the_same_episodes_in_spawned_workers(tmp_pat
     assert sorted(here) == sorted(spawned) and len(here) == 2
     for name in here:
         np.testing.assert_array_equal(here[name], spawned[name])
+
+
+def test_a_sampling_controller_records_the_same_episode_whatever_ran_before_it(tmp_path):
+    """NSAC draws samples: each episode gets its own stream, so worker scheduling cannot change the data."""
+    run = tiny_run(tmp_path / "fixture", model="nsac")
+    spec = f"controller:{run}"
+    for seeds, name in (([3, 4], "forward"), ([4, 3], "backward")):
+        collect(CollectConfig(agent=spec, seeds=seeds, max_steps=20, workers=1), tmp_path / name, progress=False,
+                agent_kinds=eval_kinds.AGENT_KINDS)
+    forward, backward = _actions(tmp_path / "forward"), _actions(tmp_path / "backward")
+    assert sorted(forward) == sorted(backward) and len(forward) == 2
+    for name in forward:
+        np.testing.assert_array_equal(forward[name], backward[name])
