@@ -357,8 +357,9 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             callback_on_new_best=_new_best_saver(best_dir, config),
             verbose=0,
         ))
-    progress_bar = config.progress_bar and _progress_bar_available() and is_terminal(sys.stdout)
-    if config.progress_bar and not _progress_bar_available():
+    available = _progress_bar_available()
+    progress_bar = config.progress_bar and available and is_terminal(sys.stdout)
+    if config.progress_bar and not available:
         log("progress bar off: it needs both tqdm and rich installed")
     elif config.progress_bar and not progress_bar:
         log("progress bar off: output is not a terminal")

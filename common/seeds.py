@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+import numpy as np
+
 
 def parse_seeds(text: str, argument: str = "--seeds") -> list[int]:
     """Parse comma-separated seeds and inclusive ranges; order kept, duplicates rejected."""
@@ -36,3 +38,9 @@ def format_seeds(seeds: list[int] | set[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def derive_seed(*keys: int) -> int:
+    """One 32-bit seed from several integers (``numpy.random.SeedSequence``): independent streams
+    for (seed, epoch), (track, repeat) and the like."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0])

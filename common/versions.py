@@ -56,9 +56,8 @@ def check_versions(folder: str | Path) -> None:
     except (OSError, json.JSONDecodeError) as exc:
         warnings.warn(f"{path}: unreadable versions record ({exc})", VersionWarning, stacklevel=2)
         return
-    current = current_versions()
-    for name in COMPARED:
-        made, running = recorded.get(name), current[name]
+    for name in COMPARED:  # only these: current_versions() would also run git for the commit
+        made, running = recorded.get(name), _package_version(name)
         if made and running and _major(made) != _major(running):
             warnings.warn(f"{path}: made with {name} {made}, now running {name} {running} (another major version; "
                           "results may differ)", VersionWarning, stacklevel=2)

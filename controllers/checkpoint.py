@@ -174,7 +174,7 @@ class Checkpoint:
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     """The complete checkpoint of the most epochs in ``run_dir/resume`` (unfinished writes are ignored), or None."""
     folders = [f for f in (Path(run_dir) / RESUME_DIR).glob("epoch-*") if f.is_dir() and _EPOCH_FOLDER.fullmatch(f.name)]
-    return Checkpoint(max(folders, key=lambda f: int(f.name.split("-")[1]))) if folders else None
+    return max((Checkpoint(f) for f in folders), key=lambda checkpoint: checkpoint.epoch, default=None)
 
 
 def write_checkpoint(run_dir: Path, epoch: int, files: dict[str, bytes]) -> Checkpoint:

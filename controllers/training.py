@@ -31,14 +31,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
-from nsacdrive.common.seeds import format_seeds, parse_seeds
+from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
 from nsacdrive.common.versions import check_versions, write_versions
 from nsacdrive.controllers.augment import colour_augment
 from nsacdrive.controllers.checkpoint import (
@@ -81,10 +80,6 @@ def resolve_split(config: TrainConfig) -> TrainConfig:
     n_held = max(1, round(0.1 * len(seeds)))
     test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
     return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
 class TrainingDiverged(ValueError):
@@ -220,7 +215,7 @@ class Trainer:
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         cfg = self.config
-        seed = epoch_seed(cfg.seed, epoch)
+        seed = derive_seed(cfg.seed, epoch)
         torch.manual_seed(seed)
         augment_rng = torch.Generator().manual_seed(seed + 1)
         perturb_rng = torch.Generator().manual_seed(seed + 2)
@@ -273,7 +268,7 @@ class Trainer:
     @torch.no_grad()
     def validate(self, epoch: int) -> float:
         """Mean validation loss (no augmentation; perturbation and MC draws seeded per epoch)."""
-        seed = epoch_seed(self.config.seed, 10_000 + epoch)
+        seed = derive_seed(self.config.seed, 10_000 + epoch)
         torch.manual_seed(seed)
         perturb_rng = torch.Generator().manual_seed(seed)
         self.model.eval()

@@ -30,6 +30,7 @@ from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
+from nsacdrive.common.seeds import derive_seed
 from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from nsacdrive.data_collection.manifest import write_manifest
 from nsacdrive.data_collection.udacity_layout import (
@@ -256,7 +257,7 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     learner = job.agent_kinds.make(job.mixing.learner) if job.mixing is not None else None
     beta = job.mixing.beta if job.mixing is not None else 1.0
     env = job.make_env()
-    episode_seed = int(np.random.SeedSequence([job.noise.seed, job.track_seed]).generate_state(1)[0])
+    episode_seed = derive_seed(job.noise.seed, job.track_seed)
     for actor in (agent, learner):
         if actor is not None:
             seed_agent(actor, episode_seed)

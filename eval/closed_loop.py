@@ -46,6 +46,7 @@ from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_writ
 from nsacdrive.common.backends import BACKENDS, run_tasks
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
+from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -144,7 +145,7 @@ LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "ra
 
 def episode_generator(key: EpisodeKey) -> torch.Generator:
     """The controller's random stream of one episode, seeded from (track seed, repeat) only."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([key.track_seed, key.repeat]).generate_state(1)[0]))
+    return torch.Generator().manual_seed(derive_seed(key.track_seed, key.repeat))
 
 
 class EpisodeDrive:
