@@ -144,6 +144,7 @@ class Report:
         self.chosen = self._chosen_episodes()
         self.model, self.train_config = load_run(self.run_dir)
         self.samples = self.settings.get("samples") or self.train_config.model.predict_samples
+        self.drive_settings = drive_config(self.eval_dir, self.samples)  # re-drives drive as the evaluation did
         self.drives: dict[str, Drive] = {}
         self.timings: dict[str, float] = {}
 
@@ -192,7 +193,7 @@ class Report:
         """The same track and repeat under another colour preset (not part of the evaluation)."""
         key = EpisodeKey(str(self.run_dir), preset, seed, repeat)
         frames: list[np.ndarray] = []
-        record, arrays = run_episode(key, drive_config(self.eval_dir, self.samples),
+        record, arrays = run_episode(key, self.drive_settings,
                                      on_frame=lambda frame: frames.append(np.array(frame)))
         if record.failed:
             raise EvaluationError(f"{key.episode_id}: driving under {preset} for the Grad-CAM frames failed ({record.reason})")
