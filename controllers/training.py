@@ -188,11 +188,9 @@ class Trainer:
                                   f"but its folder is {checkpoint.folder.name}")
         self._publish(checkpoint)  # repairs a kill between the checkpoint's commit and its publication
 
-    def _start(self, resume: bool) -> None:
-        """A new run in ``run_dir``, which must not hold another one."""
+    def _start(self) -> None:
+        """A new run in ``run_dir``, which must not hold another one (:meth:`fit` refused one without ``resume``)."""
         if (self.run_dir / WEIGHTS_FILE).exists():
-            if not resume:
-                raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
             raise CheckpointError(f"{self.run_dir}: --resume found {WEIGHTS_FILE} but no complete checkpoint in {RESUME_DIR}/ "
                                   "(a run from an older nsacdrive, or resume/ was removed); train into another run folder")
         write_config(self.run_dir, self.config.to_dict())
@@ -288,12 +286,12 @@ class Trainer:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = latest_checkpoint(self.run_dir)
-        if checkpoint is not None and not resume:
+        if not resume and (checkpoint is not None or (self.run_dir / WEIGHTS_FILE).exists()):
             raise FileExistsError(f"{self.run_dir}: already holds a run; pass --resume or choose another --out")
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
         else:  # --resume on a run that never finished an epoch simply starts it
-            self._start(resume)
+            self._start()
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.epoch)
