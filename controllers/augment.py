@@ -5,6 +5,14 @@ seeded. One set of parameters per sequence (all T frames of a sample get the sam
 transform, as a real colour shift would): hue rotation (YIQ rotation, radians), saturation,
 contrast around the frame mean, brightness offset and per-channel gain; applied with
 probability ``probability`` per sample. ``AugmentConfig(probability=0)`` disables it.
+
+``recolour`` (probability per augmented sample, off by default) replaces the mild colour matrix
+by a wide one: the affine RGB map that sends the stock road colour (102,102,102) and field
+colour (102,204,102) to two independent uniform colours in [0, 1]³, scaling the other two
+directions of colour space by U(0.5, 1.5). Road and field in stock frames differ only in green,
+so this reaches any pair of road/field colours — brighter road than field, inverted contrast,
+any hue — which a hue rotation around the stock colours never does (strong colour shifts such as
+the ``random`` preset; docs/driving.md#colour-augmentation).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from nsacdrive.common.config_checks import NON_NEGATIVE, UNIT_INTERVAL, check_fi
 
 _RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 _YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
+_STOCK_ROAD = torch.full((3,), 102 / 255)
+_STOCK_FIELD_MINUS_ROAD = 102 / 255  # the stock field is the road plus this much green
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,11 @@ class AugmentConfig:
     contrast: float = 0.3
     brightness: float = 0.15
     channel_gain: float = 0.1
+    recolour: float = 0.0  # probability that an augmented sample gets a wide recolouring instead
 
     def __post_init__(self) -> None:
-        ranges = {"probability": UNIT_INTERVAL} | dict.fromkeys(("hue", "saturation", "contrast", "brightness", "channel_gain"), NON_NEGATIVE)
+        ranges = {"probability": UNIT_INTERVAL, "recolour": UNIT_INTERVAL}
+        ranges |= dict.fromkeys(("hue", "saturation", "contrast", "brightness", "channel_gain"), NON_NEGATIVE)
         check_fields(self, "augment", ranges)
 
 
@@ -53,9 +65,26 @@ def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch
     colour = _YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ  # [B, 3, 3]
     gain = 1 + uniform(-config.channel_gain, config.channel_gain, 3) * apply[:, None]
     colour = colour * gain[:, :, None]
-    out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames)
+    offset = torch.zeros(batch, 3)
+    if config.recolour > 0:
+        wide = (torch.rand(batch, generator=generator) < config.recolour) & apply.bool()
+        wide_colour, wide_offset = _wide_recolouring(batch, generator)
+        colour = torch.where(wide[:, None, None], wide_colour, colour)
+        offset = torch.where(wide[:, None], wide_offset, offset)
+    out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames) + offset.to(frames)[:, None, :, None, None]
     contrast = (1 + uniform(-config.contrast, config.contrast) * apply).to(frames)
     mean = out.mean(dim=(2, 3, 4), keepdim=True)
     out = (out - mean) * contrast[:, None, None, None, None] + mean
     out = out + (uniform(-config.brightness, config.brightness) * apply).to(frames)[:, None, None, None, None]
     return out.clamp(0.0, 1.0)
+
+
+def _wide_recolouring(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Affine maps x ↦ A x + c [B, 3, 3], [B, 3] sending the stock road and field to random colours."""
+    road = torch.rand(batch, 3, generator=generator)
+    field = torch.rand(batch, 3, generator=generator)
+    other_scale = 0.5 + torch.rand(batch, generator=generator)
+    matrix = torch.eye(3).repeat(batch, 1, 1) * other_scale[:, None, None]
+    matrix[:, :, 1] = (field - road) / _STOCK_FIELD_MINUS_ROAD  # green carries the road/field contrast
+    offset = road - matrix @ _STOCK_ROAD
+    return matrix, offset
