@@ -207,7 +207,9 @@ class Trainer:
         return perturb
 
     def _batches(self, dataset: SequenceDataset, epoch: int) -> DataLoader:
-        sampler = EpisodeGroupedSampler(dataset, seed=self.config.seed)
+        cfg = self.config
+        passes = 1 if cfg.min_batches_per_epoch is None else max(1, math.ceil(cfg.min_batches_per_epoch * cfg.batch_size / len(dataset)))
+        sampler = EpisodeGroupedSampler(dataset, seed=cfg.seed, passes=passes)
         sampler.set_epoch(epoch)
         return DataLoader(dataset, batch_size=self.config.batch_size, sampler=sampler, num_workers=0)
 

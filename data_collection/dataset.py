@@ -278,27 +278,33 @@ class SequenceDataset(Dataset):
 
 class EpisodeGroupedSampler(Sampler[int]):
     """Shuffle episodes, then visit the samples of ``group_size`` episodes at a time in random
-    order: random enough for SGD, and every group fits the dataset's frame cache."""
+    order: random enough for SGD, and every group fits the dataset's frame cache.
 
-    def __init__(self, dataset: SequenceDataset, group_size: int | None = None, seed: int = 0) -> None:
+    ``passes`` > 1 visits the data that many times per epoch, each pass shuffled afresh (a small
+    recording then gets as many gradient steps per epoch as a large dataset)."""
+
+    def __init__(self, dataset: SequenceDataset, group_size: int | None = None, seed: int = 0, passes: int = 1) -> None:
         self.dataset = dataset
         self.group_size = group_size or dataset.cache_episodes
         if self.group_size > dataset.cache_episodes:
             raise DatasetError(f"group_size {self.group_size} exceeds the dataset's cache_episodes {dataset.cache_episodes}")
-        self.seed = seed
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        self.seed, self.passes = seed, passes
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset) * self.passes
 
     def __iter__(self) -> Iterator[int]:
         rng = np.random.default_rng([self.seed, self.epoch])
         episodes = self.dataset.index[:, 0]
-        order = rng.permutation(len(self.dataset.episodes))
-        for start in range(0, len(order), self.group_size):
-            group = order[start : start + self.group_size]
-            items = np.flatnonzero(np.isin(episodes, group))
-            yield from rng.permutation(items).tolist()
+        for _ in range(self.passes):
+            order = rng.permutation(len(self.dataset.episodes))
+            for start in range(0, len(order), self.group_size):
+                group = order[start : start + self.group_size]
+                items = np.flatnonzero(np.isin(episodes, group))
+                yield from rng.permutation(items).tolist()

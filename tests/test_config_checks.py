@@ -35,7 +35,7 @@ CONFIGS: dict[type, dict[str, Any]] = {
 
 #: one value outside the allowed range for every bounded numeric field
 OUT_OF_RANGE: dict[type, dict[str, Any]] = {
-    TrainConfig: {"sequence_length": 0, "frame_stride": 0, "batch_size": 0, "epochs": 0, "max_batches_per_epoch": 0,
+    TrainConfig: {"sequence_length": 0, "frame_stride": 0, "batch_size": 0, "epochs": 0, "max_batches_per_epoch": 0, "min_batches_per_epoch": 0,
                   "max_val_batches": 0, "lr": 0.0, "weight_decay": -1e-4, "plateau_factor": 1.0, "plateau_patience": -1,
                   "early_stopping_patience": 0, "grad_clip": 0, "perturb_std": -0.1, "cache_episodes": 0, "seed": -1},
     ModelConfig: {"d_model": 0, "num_heads": 0, "topk": 0, "bn_std": -1.0, "train_samples": 0, "predict_samples": 0,

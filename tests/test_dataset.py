@@ -214,6 +214,19 @@ def test_sampler_yields_a_permutation(many):
     assert sorted(order) == list(range(len(ds)))
 
 
+def test_sampler_passes_visit_every_sample_once_per_pass_each_pass_reshuffled(many):
+    ds = SequenceDataset(many, sequence_length=3, skip_intro=0, cache_episodes=4)
+    sampler = EpisodeGroupedSampler(ds, seed=0, passes=3)
+    order = list(sampler)
+    assert len(sampler) == len(order) == 3 * len(ds)
+    passes = [order[i * len(ds):(i + 1) * len(ds)] for i in range(3)]
+    assert all(sorted(one) == list(range(len(ds))) for one in passes)
+    assert passes[0] != passes[1] != passes[2]
+    assert passes[0] == list(EpisodeGroupedSampler(ds, seed=0))  # the first pass is the one-pass order
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        EpisodeGroupedSampler(ds, passes=0)
+
+
 def test_sampler_is_deterministic_per_seed_and_epoch(many):
     ds = SequenceDataset(many, sequence_length=3, skip_intro=0, cache_episodes=4)
     sampler = EpisodeGroupedSampler(ds, seed=11)

@@ -62,6 +62,21 @@ def test_every_model_trains_saves_and_predicts(dataset, tmp_path, model):
     assert (tmp_path / model / "tensorboard").is_dir() and json.loads((tmp_path / model / "history.json").read_text())
 
 
+def test_min_batches_per_epoch_repeats_a_small_training_split(dataset, tmp_path, monkeypatch):
+    """Track 0's 54 sequences make 7 batches of 8; min_batches_per_epoch=20 trains 20 of them per epoch."""
+    steps: list[int] = []
+    original = Trainer._train_step
+    monkeypatch.setattr(Trainer, "_train_step", lambda self, batch, *args: steps.append(len(batch["action"])) or original(self, batch, *args))
+    Trainer(tiny_config(dataset, "gmle", max_batches_per_epoch=None), tmp_path / "one-pass", progress=False).fit()
+    assert len(steps) == 7
+    steps.clear()
+    Trainer(tiny_config(dataset, "gmle", max_batches_per_epoch=None, min_batches_per_epoch=20), tmp_path / "repeated", progress=False).fit()
+    assert len(steps) == 21  # three passes of 54 sequences: 162 samples, 20 full batches and one of 2
+    assert steps[:20] == [8] * 20
+    with pytest.raises(ValueError, match=r"min_batches_per_epoch \(20\) must not exceed max_batches_per_epoch \(2\)"):
+        tiny_config(dataset, "gmle", min_batches_per_epoch=20)
+
+
 def test_same_seed_gives_the_same_weights(dataset, tmp_path):
     for name in ("a", "b"):
         Trainer(tiny_config(dataset, "nsac"), tmp_path / name, progress=False).fit()
