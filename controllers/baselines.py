@@ -89,8 +89,9 @@ class MCDropoutHead(UncertaintyHead):
 
     stochastic_prediction = True
 
-    def __init__(self, config: NACConfig, dropout: float, train_samples: int = 1) -> None:
+    def __init__(self, config: NACConfig, dropout: float, train_samples: int = 1, nll_beta: float = 0.0) -> None:
         super().__init__()
+        self.nll_beta = nll_beta
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
         if train_samples < 1:
@@ -111,7 +112,7 @@ class MCDropoutHead(UncertaintyHead):
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         mean, log_sigma = self.draws(tokens, times, self.train_samples)
         check_targets(mean[0], target)
-        return {"total": gaussian_nll(mean, log_sigma, target.expand_as(mean))}
+        return {"total": gaussian_nll(mean, log_sigma, target.expand_as(mean), self.nll_beta)}
 
     def predict(self, tokens, times, samples):
         with forced_dropout(self):
@@ -157,7 +158,7 @@ class EnsembleController(nn.Module):
         for k in range(config.members):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(base_seed + k)
-                members.append(Controller(make_encoder(config.encoder), GMLEHead(config.nac_config()),
+                members.append(Controller(make_encoder(config.encoder), GMLEHead(config.nac_config(), config.nll_beta),
                                           config.encoder.token_dim, config.speed_input))
         self.members = nn.ModuleList(members)
 
@@ -299,8 +300,9 @@ class SDENetHead(UncertaintyHead):
 
     stochastic_prediction = True
 
-    def __init__(self, token_dim: int, d_model: int = 64, depth: int = 6, sigma_max: float = 0.5) -> None:
+    def __init__(self, token_dim: int, d_model: int = 64, depth: int = 6, sigma_max: float = 0.5, nll_beta: float = 0.0) -> None:
         super().__init__()
+        self.nll_beta = nll_beta
         if depth < 1:
             raise ValueError(f"sde_depth must be >= 1, got {depth}")
         if sigma_max < 0:
@@ -344,7 +346,7 @@ class SDENetHead(UncertaintyHead):
             g = self.sigma_max * torch.sigmoid(self.diffusion_logit(h0))
             h0_perturbed = self.encode(perturbed_tokens, times)
         mean, log_sigma = self.gaussian(self.integrate(h0, g))
-        nll = gaussian_nll(mean, log_sigma, target)
+        nll = gaussian_nll(mean, log_sigma, target, self.nll_beta)
         logit_clean = self.diffusion_logit(h0.detach())
         logit_perturbed = self.diffusion_logit(h0_perturbed)
         bce = (F.binary_cross_entropy_with_logits(logit_clean, torch.zeros_like(logit_clean))

@@ -135,8 +135,21 @@ class ColumnTokens(nn.Module):
         return maps.squeeze(2).transpose(1, 2)
 
 
+class ColumnPositions(nn.Module):
+    """Adds a learned vector per column to tokens [N, W, D], so a head that pools tokens still knows
+    where in the picture each one is (the bend of the road is a matter of left or right)."""
+
+    def __init__(self, columns: int, dim: int) -> None:
+        super().__init__()
+        self.position = nn.Parameter(0.1 * torch.randn(columns, dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens + self.position
+
+
 class NvidiaEncoder(PerFrameEncoder):
-    """NVIDIA PilotNet convolutions on a 3×66×200 Udacity frame → 64×1×18 map → 18 column tokens."""
+    """NVIDIA PilotNet convolutions on a 3×66×200 Udacity frame → 64×1×18 map → 18 column tokens,
+    each with a learned column-position vector added (heads see tokens as a set, in any order)."""
 
     LAST_CONV_INDEX = 8
     FRAME_SHAPE = UDACITY_FRAME_SHAPE
@@ -157,7 +170,7 @@ class NvidiaEncoder(PerFrameEncoder):
             shape = self.features(torch.zeros(1, *self.FRAME_SHAPE)).shape
         assert tuple(shape[1:]) == (self.CHANNELS, 1, self.TOKENS_PER_FRAME), shape
         projection = nn.Identity() if config.token_dim == self.CHANNELS else nn.Linear(self.CHANNELS, config.token_dim)
-        self.to_token = nn.Sequential(ColumnTokens(), projection)
+        self.to_token = nn.Sequential(ColumnTokens(), projection, ColumnPositions(self.TOKENS_PER_FRAME, config.token_dim))
 
 
 ENCODERS: dict[str, type[PerFrameEncoder]] = {

@@ -143,14 +143,15 @@ class GaussianHead(nn.Module):
 class GMLEHead(UncertaintyHead):
     """NAC features + Gaussian maximum likelihood: aleatoric only, epistemic 0 by construction."""
 
-    def __init__(self, config: NACConfig) -> None:
+    def __init__(self, config: NACConfig, nll_beta: float = 0.0) -> None:
         super().__init__()
         self.nac = NAC(config)
         self.gaussian = GaussianHead(config.d_model)
+        self.nll_beta = nll_beta
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
-        return {"total": gaussian_nll(mean, log_sigma, target)}
+        return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
 
     def predict(self, tokens, times, samples):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
@@ -171,8 +172,9 @@ class LevyHead(UncertaintyHead):
     stochastic_prediction = True
 
     def __init__(self, token_dim: int, sequence_length: int, num_heads: int = 4, identity_dim: int = 16,
-                 window: float = 0.5) -> None:
+                 window: float = 0.5, nll_beta: float = 0.0) -> None:
         super().__init__()
+        self.nll_beta = nll_beta
         from nsacdrive.controllers.levy import LevyActionHead, LevyActionHeadConfig, LevyAttentionConfig
 
         attention = LevyAttentionConfig(embed_dim=token_dim, num_heads=num_heads, identity_dim=identity_dim)
@@ -202,7 +204,7 @@ class LevyHead(UncertaintyHead):
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)
-        return {"total": gaussian_nll(mean, log_sigma, target)}
+        return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
 
     def predict(self, tokens, times, samples):
         mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
+from nsacdrive.common.config_checks import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT_INTERVAL,
+    Range,
+    check_fields,
+    config_from_dict,
+)
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
@@ -20,7 +28,10 @@ RANGES = {
     **dict.fromkeys(("bn_std", "lambda_reg", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
     "levy_window": POSITIVE,
     "dropout": Range(0, 1, high_open=True),
+    "nll_beta": UNIT_INTERVAL,
 }
+#: heads whose loss is not a Gaussian likelihood, so β-NLL has nothing to weight
+NO_NLL_BETA = ("evidential", "nac")
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class ModelConfig:
     sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
     levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
     levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
+    nll_beta: float = 0.0  # β-NLL: weight each action's likelihood term by its variance^β (0 = plain NLL; objectives.py)
     speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)
     observation: str = DEFAULT_FRAME_KIND  # frames and preprocessing (envs/observation_kinds.py): carracing | udacity
 
@@ -54,6 +66,8 @@ class ModelConfig:
             object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
         if self.model not in MODEL_NAMES:
             raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
+        if self.nll_beta and self.model in NO_NLL_BETA:
+            raise ValueError(f"model config: nll_beta weights a Gaussian likelihood; {self.model!r} trains another loss, leave nll_beta at 0")
         if self.encoder.frame_shape != kind.frame_shape:
             raise ValueError(f"model config: encoder kind {self.encoder.kind!r} reads frames {self.encoder.frame_shape}, but observation "
                              f"{self.observation!r} gives {kind.frame_shape}; use encoder kind {kind.default_encoder!r} "

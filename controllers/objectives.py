@@ -40,11 +40,24 @@ def check_targets(prediction: torch.Tensor, target: torch.Tensor, name: str = "t
         )
 
 
-def gaussian_nll(mean: torch.Tensor, log_sigma: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean Gaussian NLL with σ = e^{log σ}, log σ clamped to [−10, 5] (the published convention)."""
+def beta_weighted_mean(nll: torch.Tensor, variance: torch.Tensor, beta: float) -> torch.Tensor:
+    """Mean of element-wise NLL terms, each weighted by its variance^β held constant (β-NLL, Seitzer et al. 2022).
+
+    β = 0 is the plain mean. With β > 0 an output whose variance collapses (a label that never
+    changes, such as a recording's constant throttle or zero brake) no longer takes over the
+    shared encoder's gradient: the mean's gradient scales as 1/σ^{2(1−β)} instead of 1/σ².
+    """
+    if beta == 0:
+        return nll.mean()
+    return (nll * variance.detach().pow(beta)).mean()
+
+
+def gaussian_nll(mean: torch.Tensor, log_sigma: torch.Tensor, target: torch.Tensor, beta: float = 0.0) -> torch.Tensor:
+    """Mean Gaussian NLL with σ = e^{log σ}, log σ clamped to [−10, 5] (the published convention); β-weighted for β > 0."""
     check_targets(mean, target)
     log_sigma = log_sigma.clamp(*LOG_SIGMA_BOUNDS)
-    return 0.5 * (math.log(2 * math.pi) + 2 * log_sigma + (target - mean).square() * torch.exp(-2 * log_sigma)).mean()
+    nll = 0.5 * (math.log(2 * math.pi) + 2 * log_sigma + (target - mean).square() * torch.exp(-2 * log_sigma))
+    return beta_weighted_mean(nll, torch.exp(2 * log_sigma), beta)
 
 
 @dataclass
@@ -63,6 +76,7 @@ class NSACObjective:
     lambda_reg: float = 0.5
     epsilon: float = 1e-3
     include_epistemic: bool = False
+    beta: float = 0.0  # β-NLL weighting of the likelihood term (:func:`beta_weighted_mean`)
 
     def __call__(self, clean: NSACOutput, perturbed: NSACOutput, target: torch.Tensor) -> NSACLossTerms:
         mean_bar = clean.mean.mean(0)
@@ -71,7 +85,8 @@ class NSACObjective:
         spread_id = clean.mean.var(0, unbiased=False)
         if self.include_epistemic:
             variance_bar = variance_bar + spread_id
-        nll = 0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar).mean()
+        nll = beta_weighted_mean(0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar),
+                                 variance_bar, self.beta)
         epistemic_id = spread_id.mean()
         epistemic_ood = perturbed.mean.var(0, unbiased=False).mean()
         regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))

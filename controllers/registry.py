@@ -15,15 +15,15 @@ from nsacdrive.controllers.objectives import NSACObjective
 
 
 def _nsac(config: ModelConfig) -> UncertaintyHead:
-    return NSACHead(config.nsac_config(), config.train_samples, NSACObjective(lambda_reg=config.lambda_reg))
+    return NSACHead(config.nsac_config(), config.train_samples, NSACObjective(lambda_reg=config.lambda_reg, beta=config.nll_beta))
 
 
 def _gmle(config: ModelConfig) -> UncertaintyHead:
-    return GMLEHead(config.nac_config())
+    return GMLEHead(config.nac_config(), config.nll_beta)
 
 
 def _mcdropout(config: ModelConfig) -> UncertaintyHead:
-    return MCDropoutHead(config.nac_config(dropout=config.dropout), config.dropout, config.train_samples)
+    return MCDropoutHead(config.nac_config(dropout=config.dropout), config.dropout, config.train_samples, config.nll_beta)
 
 
 def _ensemble(config: ModelConfig) -> UncertaintyHead:
@@ -36,7 +36,7 @@ def _evidential(config: ModelConfig) -> UncertaintyHead:
 
 
 def _sdenet(config: ModelConfig) -> UncertaintyHead:
-    return SDENetHead(config.encoder.token_dim, config.d_model, config.sde_depth, config.sde_sigma_max)
+    return SDENetHead(config.encoder.token_dim, config.d_model, config.sde_depth, config.sde_sigma_max, config.nll_beta)
 
 
 def _nac(config: ModelConfig) -> UncertaintyHead:
@@ -45,7 +45,8 @@ def _nac(config: ModelConfig) -> UncertaintyHead:
 
 def _levy(config: ModelConfig) -> UncertaintyHead:
     # one learned identity per token slot: frame × the encoder's tokens per frame
-    return LevyHead(config.encoder.token_dim, config.levy_frames * config.encoder.tokens_per_frame, window=config.levy_window)
+    return LevyHead(config.encoder.token_dim, config.levy_frames * config.encoder.tokens_per_frame, window=config.levy_window,
+                    nll_beta=config.nll_beta)
 
 
 MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {

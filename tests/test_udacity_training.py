@@ -75,10 +75,20 @@ def test_nvidia_encoder_emits_18_column_tokens_per_frame():
     assert tokens.shape == (2, 3 * 18, 64)
     maps = encoder.features(frames.flatten(0, 1))
     assert maps.shape == (6, 64, 1, 18) and encoder.last_conv is encoder.features[8]
-    # token t·18 + k is column k of frame t's map: a spatial column, not a memory reshape
+    # token t·18 + k is column k of frame t's map (a spatial column, not a memory reshape) plus column k's position
+    position = encoder.to_token[-1].position
     for frame in (0, 2):
         for column in (0, 7, 17):
-            torch.testing.assert_close(tokens[1, frame * 18 + column], maps[3 + frame, :, 0, column])
+            torch.testing.assert_close(tokens[1, frame * 18 + column], maps[3 + frame, :, 0, column] + position[column])
+
+
+def test_nvidia_column_tokens_tell_left_from_right_in_an_unordered_set():
+    """The same column content at two places gives two different tokens (heads pool tokens as a set)."""
+    encoder = NvidiaEncoder()
+    maps = torch.ones(1, 64, 1, 18)
+    tokens = encoder.to_token(maps)[0]  # identical columns
+    assert not torch.allclose(tokens[0], tokens[17])
+    torch.testing.assert_close(tokens - encoder.to_token[-1].position, torch.ones(18, 64))
 
 
 def test_nvidia_encoder_projects_tokens_and_encodes_frames_independently():
