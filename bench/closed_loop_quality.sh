@@ -3,7 +3,8 @@
 # cloning on the same data, NSAC then improved by DAgger, all driving seed 42 and 1000-1009
 # under default colours and three perturbation presets (never trained on: training uses
 # default colours + colour augmentation). All three read the frames and the measured speed
-# (configs/quality.json: speed_input). Every step resumes; about 1 h of CPU on 2 cores.
+# (configs/quality.json: speed_input; half the augmented sequences get a wide road/field
+# recolouring, augment.recolour 0.5). Every step resumes; about 1 h of CPU on 2 cores.
 # Data: expert laps on tracks 0-59, clean and with executed-action noise 0.2 (labels clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +15,9 @@ $NSAC collect --agent expert --seeds 0-59 --noise 0.2 --out data/quality --worke
 for model in nsac gmle mcdropout; do
   $NSAC train --model "$model" --data data/quality --out "runs/qs-$model" --config configs/quality.json --resume
 done
-$NSAC dagger --init runs/qs-nsac --rounds 3 --episodes-per-round 16 --out runs/qs-dagger \
-  --eval-seeds 42,1000-1009 --eval-colour-preset default,shift-3
-$NSAC eval runs/qs-nsac runs/qs-dagger/runs/round-3 runs/qs-gmle runs/qs-mcdropout --seeds 42,1000-1009 \
+$NSAC dagger --init runs/qs-nsac --rounds 1 --episodes-per-round 16 --lr 0.00025 --out runs/qs-dagger
+$NSAC eval runs/qs-nsac runs/qs-dagger/runs/round-1 runs/qs-gmle runs/qs-mcdropout --seeds 42,1000-1009 \
   --colour-preset "$PRESETS" --workers 2 --out runs/qs-closed-loop --resume
-$NSAC eval runs/qs-dagger/runs/round-3 --seeds 42,1000-1009 --colour-preset "$PRESETS" --throttle-cap 0.1 \
+$NSAC eval runs/qs-dagger/runs/round-1 --seeds 42,1000-1009 --colour-preset "$PRESETS" --throttle-cap 0.1 \
   --workers 2 --out runs/qs-closed-loop-capped --resume
 $NSAC plot runs/qs-closed-loop --videos 2
