@@ -41,7 +41,7 @@ class TrainConfig:
     batch_size: int = 64
     epochs: int = 20
     max_batches_per_epoch: int | None = None
-    min_batches_per_epoch: int | None = None  # smaller training splits are visited several times per epoch
+    min_batches_per_epoch: int | None = None  # smaller training splits are visited several times per epoch (the max still caps)
     max_val_batches: int | None = None
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -62,9 +62,6 @@ class TrainConfig:
         if isinstance(self.model, dict) and isinstance(self.data, str) and is_udacity_data(self.data):
             object.__setattr__(self, "model", ModelConfig.from_dict({"observation": "udacity", **self.model}))
         check_fields(self, "training config", RANGES)
-        if None not in (self.min_batches_per_epoch, self.max_batches_per_epoch) and self.min_batches_per_epoch > self.max_batches_per_epoch:
-            raise ValueError(f"training config min_batches_per_epoch ({self.min_batches_per_epoch}) must not exceed "
-                             f"max_batches_per_epoch ({self.max_batches_per_epoch})")
         if is_udacity_data(self.data) and self.model.observation != "udacity":
             raise ValueError(f"data {self.data!r} is Udacity data, but model.observation is {self.model.observation!r}; "
                              "set it to 'udacity' (or leave it out)")
