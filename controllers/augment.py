@@ -65,13 +65,15 @@ def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch
     colour = _YIQ_TO_RGB @ rotation @ _RGB_TO_YIQ  # [B, 3, 3]
     gain = 1 + uniform(-config.channel_gain, config.channel_gain, 3) * apply[:, None]
     colour = colour * gain[:, :, None]
-    offset = torch.zeros(batch, 3)
+    offset = None
     if config.recolour > 0:
         wide = (torch.rand(batch, generator=generator) < config.recolour) & apply.bool()
         wide_colour, wide_offset = _wide_recolouring(batch, generator)
         colour = torch.where(wide[:, None, None], wide_colour, colour)
-        offset = torch.where(wide[:, None], wide_offset, offset)
-    out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames) + offset.to(frames)[:, None, :, None, None]
+        offset = torch.where(wide[:, None], wide_offset, 0.0)
+    out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames)
+    if offset is not None:  # only the wide recolouring shifts colours; the mild jitter is linear
+        out = out + offset.to(frames)[:, None, :, None, None]
     contrast = (1 + uniform(-config.contrast, config.contrast) * apply).to(frames)
     mean = out.mean(dim=(2, 3, 4), keepdim=True)
     out = (out - mean) * contrast[:, None, None, None, None] + mean
