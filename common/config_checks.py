@@ -5,7 +5,8 @@ every field must have its annotated type (``int``, ``float``, ``bool``, ``str``,
 ``Literal[...]``, ``tuple[...]``, a nested config class) and, where a :class:`Range` is given,
 lie in it. A bool is not a number here (``True`` is no epoch count), an int is a float, floats
 must be finite; what JSON gives is converted first: a list for a tuple field becomes a tuple, an
-object for a nested config becomes that config (:func:`config_from_dict`, unknown keys rejected).
+object for a nested config becomes that config (:func:`config_from_dict`, unknown keys rejected;
+:func:`field_from_json` does the same for one field, for code that rebuilds a config from JSON).
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def config_from_dict(cls: type[Config], data: Any, where: str) -> Config:
     if missing:
         raise ValueError(f"{where}: missing fields {missing}")
     return cls(**data)
+
+
+def field_from_json(cls: type, name: str, value: Any, where: str) -> Any:
+    """``value``, as JSON gives it for field ``name`` of the config class ``cls``, converted to the
+    field's annotation like :func:`check_fields` does (an object for a nested config → that config
+    via :func:`config_from_dict`, a list for a tuple → a tuple); other values are returned as given.
+    Bad nested objects raise ValueError naming ``where``."""
+    return _from_json(value, _annotations(cls)[name], where)
 
 
 def _from_json(value: Any, annotation: Any, where: str) -> Any:

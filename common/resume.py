@@ -3,8 +3,9 @@
 A job (a recording, a closed-loop evaluation) names the fields of its frozen config dataclass
 that shape its results. :func:`record_settings` writes them to ``FOLDER/.settings.json``
 (atomically); :func:`check_settings` reads them back *through the dataclass* — the recorded
-values replace the current ones in a copy of the config, fields recorded by an older version
-take their defaults, so fields added later do not block a resume — and raises
+values, typed as the fields declare (a nested config's object rebuilt as that config), replace
+the current ones in a copy of the config, fields recorded by an older version take their
+defaults, so fields added later do not block a resume — and raises
 :class:`SettingsChanged` naming every field whose value differs.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.config_checks import field_from_json
 
 SETTINGS_FILE = ".settings.json"  # hidden: dataset readers never take it for an episode sidecar
 
@@ -90,7 +92,8 @@ def check_settings(folder: Path, config: Any, fields: Sequence[str]) -> None:
     try:
         recorded = json.loads(path.read_text())
         declared = {f.name: f for f in dataclasses.fields(config)}
-        values = {name: recorded[name] if name in recorded else _default(declared[name]) for name in fields}
+        values = {name: field_from_json(type(config), name, recorded[name], name) if name in recorded
+                  else _default(declared[name]) for name in fields}
         as_recorded = dataclasses.replace(config, **values)
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: unreadable settings record ({type(exc).__name__}: {exc})") from None

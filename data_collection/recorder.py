@@ -345,10 +345,6 @@ class CollectConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
-        if isinstance(self.noise, dict):
-            object.__setattr__(self, "noise", NoiseConfig(**self.noise))
-        if isinstance(self.mixing, dict):
-            object.__setattr__(self, "mixing", MixingConfig(**self.mixing))
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")

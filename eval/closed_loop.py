@@ -542,8 +542,6 @@ class EvalConfig:
         object.__setattr__(self, "runs", tuple(str(Path(run)) for run in self.runs))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
-        if isinstance(self.drive, dict):
-            object.__setattr__(self, "drive", DriveConfig(**self.drive))
         for name in ("runs", "seeds", "colour_presets"):
             if not getattr(self, name):
                 raise ValueError(f"evaluation config {name}: give at least one")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from nsacdrive.cli import app
 from nsacdrive.common.resume import SETTINGS_FILE, SettingChange, SettingsChanged, check_settings, record_settings
-from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig, collect
+from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, NoiseConfig, collect
 from nsacdrive.data_collection.summary import summarize
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
@@ -32,10 +32,6 @@ class Job:
     steps: int = 10
     inner: Inner = field(default_factory=Inner)
     threads: int = 1  # not recorded: it does not change results
-
-    def __post_init__(self) -> None:
-        if isinstance(self.inner, dict):
-            object.__setattr__(self, "inner", Inner(**self.inner))
 
 
 FIELDS = ("name", "steps", "inner")
@@ -68,6 +64,62 @@ def test_a_folder_without_a_record_resumes_and_a_broken_one_is_named(tmp_path):
     (tmp_path / SETTINGS_FILE).write_text("{not json")
     with pytest.raises(ValueError, match=r"\.settings\.json: unreadable settings record"):
         check_settings(tmp_path, Job("a"), FIELDS)
+
+
+@dataclass(frozen=True)
+class Strict:
+    """A config that takes only what it declares: a nested field given as a dict is refused."""
+
+    inner: Inner = field(default_factory=Inner)
+    extra: Inner | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, Inner) or not isinstance(self.extra, Inner | None):
+            raise TypeError(f"expected Inner configs, got {self.inner!r} and {self.extra!r}")
+
+
+NESTED = ("inner", "extra")
+
+
+def test_recorded_nested_settings_are_rebuilt_as_their_configs_and_compared_field_by_field(tmp_path):
+    record_settings(tmp_path, Strict(Inner(3), Inner(4)), NESTED)
+    check_settings(tmp_path, Strict(Inner(3), Inner(4)), NESTED)
+    with pytest.raises(SettingsChanged) as caught:
+        check_settings(tmp_path, Strict(Inner(3), Inner(5)), NESTED)
+    assert caught.value.changes == (SettingChange("extra.depth", 4, 5),)
+
+
+def test_an_optional_nested_setting_given_on_one_side_only_is_reported(tmp_path):
+    record_settings(tmp_path, Strict(), NESTED)
+    with pytest.raises(SettingsChanged) as caught:
+        check_settings(tmp_path, Strict(extra=Inner(2)), NESTED)
+    assert caught.value.changes == (SettingChange("extra", None, {"depth": 2}),)
+    record_settings(tmp_path, Strict(extra=Inner(2)), NESTED)
+    with pytest.raises(SettingsChanged) as caught:
+        check_settings(tmp_path, Strict(), NESTED)
+    assert caught.value.changes == (SettingChange("extra", {"depth": 2}, None),)
+
+
+def test_a_recorded_nested_setting_with_unknown_fields_is_an_unreadable_record(tmp_path):
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"inner": {"depth": 2, "width": 1}, "extra": None}))
+    with pytest.raises(ValueError, match=r"unreadable settings record \(ValueError: inner: unknown fields \['width'\]"):
+        check_settings(tmp_path, Strict(), NESTED)
+
+
+def test_collect_and_eval_configs_compare_their_recorded_nested_settings(tmp_path):
+    mixing = MixingConfig(learner="controller:runs/a", beta=0.5, source="dagger-round-1")
+    collecting = CollectConfig(agent="expert", seeds=[3], mixing=mixing)
+    record_settings(tmp_path / "collect", collecting, CollectConfig.FOLDER_FIELDS)
+    check_settings(tmp_path / "collect", collecting, CollectConfig.FOLDER_FIELDS)
+    with pytest.raises(SettingsChanged, match="mixing.beta 0.5 recorded, 0.25 now"):
+        check_settings(tmp_path / "collect", dataclasses.replace(collecting, mixing=dataclasses.replace(mixing, beta=0.25)),
+                       CollectConfig.FOLDER_FIELDS)
+    evaluating = EvalConfig(runs=["runs/a"], seeds=[3], drive=DriveConfig(max_steps=10, samples=2))
+    record_settings(tmp_path / "eval", evaluating, EvalConfig.EPISODE_FIELDS)
+    check_settings(tmp_path / "eval", evaluating, EvalConfig.EPISODE_FIELDS)
+    with pytest.raises(SettingsChanged, match="drive.samples 2 recorded, 3 now"):
+        check_settings(tmp_path / "eval", dataclasses.replace(evaluating, drive=DriveConfig(max_steps=10, samples=3)),
+                       EvalConfig.EPISODE_FIELDS)
 
 
 # ------------------------------------------------------------------------------ collect
