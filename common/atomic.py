@@ -2,6 +2,7 @@
 
 A reader (or a resumed job) therefore sees either the old file or the complete new one, never
 a half-written file. Temporary files carry the suffix ``.partial`` so a resume can clean them.
+Whole folders are staged the same way and swapped in by :func:`replace_folder`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 PARTIAL_SUFFIX = ".partial"
+STALE_SUFFIX = ".stale"  # a replaced folder, deleted once its successor is in place
 
 
 @contextmanager
@@ -28,9 +30,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; finished files get normal permissions
+    _default_permissions(tmp, 0o666)  # mkstemp creates 0600
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
@@ -39,6 +39,30 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary folder next to ``path``; on success it is renamed to ``path``, so the
+    folder appears complete or not at all (``path`` must not be a non-empty folder). On an error
+    the temporary folder is removed; a killed process leaves it for its caller's cleanup."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent))
+    _default_permissions(tmp, 0o777)  # mkdtemp creates 0700
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def _default_permissions(path: Path, mode: int) -> None:
+    """Give ``path`` ``mode`` less the umask, as a plain open() or mkdir() would."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -87,6 +111,31 @@ def remove_abandoned_stages(parent: str | os.PathLike[str], prefix: str, suffix:
                 stage.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def replace_folder(staged: Path, target: Path, accept_existing: Callable[[Path], bool] | None = None) -> None:
+    """Rename the finished folder ``staged`` to ``target``, replacing what is there.
+
+    A reader sees the old folder or the new one, and a failure before the call keeps the old one
+    whole. An existing ``target`` is first renamed aside to ``staged``'s name with
+    :data:`STALE_SUFFIX` for :data:`PARTIAL_SUFFIX`, so ``remove_abandoned_stages(parent, prefix,
+    STALE_SUFFIX)`` finds what a killed process left, then deleted.
+
+    :param staged: the complete new folder, beside ``target`` (a rename stays on one file system).
+    :param target: the folder to create or replace.
+    :param accept_existing: when the rename fails because another process moved its own folder to
+        ``target`` meanwhile, ``accept_existing(target)`` says whether that folder will do; then
+        ``staged`` is left for the caller to delete. Without it (or when it says no) the error is raised.
+    """
+    stale = target.parent / (staged.name.removesuffix(PARTIAL_SUFFIX) + STALE_SUFFIX)
+    if target.exists():
+        os.rename(target, stale)
+    try:
+        os.rename(staged, target)
+    except OSError:
+        if accept_existing is None or not accept_existing(target):
+            raise
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def _is_running(pid: int) -> bool:

@@ -49,7 +49,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_json, remove_abandoned_stages
+from nsacdrive.common.atomic import PARTIAL_SUFFIX, STALE_SUFFIX, atomic_write_json, remove_abandoned_stages, replace_folder
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
@@ -62,7 +62,6 @@ LOG_COLUMNS = (*CAMERAS, "steering", "throttle", "brake", "speed")
 MAX_STEERING = 1.0  # |steering| of a log row: the steer label's range
 DEFAULT_EPISODE_LENGTH = 200
 CACHE_NAME = ".nsacdrive-import"
-STALE_SUFFIX = ".stale"  # a replaced cache, deleted once the new one is in place
 STAMP_NAME = ".import.json"  # hidden: sidecar_paths never mistakes it for an episode
 IMPORT_VERSION = 1
 
@@ -372,15 +371,8 @@ def udacity_dataset(folder: str | Path) -> Path:
         shutil.rmtree(building, ignore_errors=True)
         import_recording(folder, building, ImportConfig(episode_length=DEFAULT_EPISODE_LENGTH), progress=True)
         atomic_write_json(building / STAMP_NAME, stamp)
-        stale = folder / f"{CACHE_NAME}.{os.getpid()}{STALE_SUFFIX}"
-        if cache.exists():
-            os.rename(cache, stale)
-        try:
-            os.rename(building, cache)
-        except OSError:  # another process finished the same import first
-            if _read_stamp(cache) != stamp:
-                raise
-        shutil.rmtree(stale, ignore_errors=True)
+        # another process may have finished the same import first: its cache will do
+        replace_folder(building, cache, accept_existing=lambda rival: _read_stamp(rival) == stamp)
     except PermissionError as exc:
         raise UdacityImportError(f"udacity:{folder}: cannot write the import cache {cache} ({exc}); import it elsewhere "
                                  f"with `nsacdrive udacity import {folder} --out DATA` and use udacity:DATA") from None

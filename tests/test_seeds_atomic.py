@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
+from nsacdrive.common.atomic import (
+    PARTIAL_SUFFIX,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    remove_partial_files,
+    replace_folder,
+)
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 # --------------------------------------------------------------------------- parse_seeds / format_seeds
@@ -209,3 +216,55 @@ def test_remove_partial_files_cleans_a_real_interrupted_write(tmp_path):
     assert _partials(tmp_path) == [crash_copy]
     assert remove_partial_files(tmp_path) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def _staged(parent: Path, text: str) -> Path:
+    stage = parent / f".out.{os.getpid()}{PARTIAL_SUFFIX}"
+    stage.mkdir()
+    (stage / "new.txt").write_text(text)
+    return stage
+
+
+def test_replace_folder_replaces_an_existing_folder_and_leaves_no_stale_one(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    replace_folder(_staged(tmp_path, "new"), tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # neither the stage nor a .stale copy is left
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
+    assert (tmp_path / "out" / "new.txt").read_text() == "new"
+
+
+def test_replace_folder_creates_the_target_when_there_is_none(tmp_path):
+    replace_folder(_staged(tmp_path, "new"), tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (tmp_path / "out" / "new.txt").read_text() == "new"
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_replace_folder_keeps_a_rival_that_moved_in_meanwhile_only_when_accepted(tmp_path, monkeypatch, accepted):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    stage = _staged(tmp_path, "mine")
+    real_rename = os.rename
+
+    def rival_moves_in(source, target):  # right after the old folder is moved aside
+        real_rename(source, target)
+        if str(target).endswith(".stale"):
+            (tmp_path / "out").mkdir()
+            (tmp_path / "out" / "new.txt").write_text("theirs")
+
+    seen = []
+
+    def accept(target):
+        seen.append(target)
+        return accepted
+
+    monkeypatch.setattr(os, "rename", rival_moves_in)
+    if accepted:
+        replace_folder(stage, tmp_path / "out", accept_existing=accept)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", stage.name])  # stage left to the caller
+    else:
+        with pytest.raises(OSError):
+            replace_folder(stage, tmp_path / "out", accept_existing=accept)
+    assert seen == [tmp_path / "out"]
+    assert (tmp_path / "out" / "new.txt").read_text() == "theirs"

@@ -38,11 +38,13 @@ import numpy as np
 
 from nsacdrive.common.atomic import (
     PARTIAL_SUFFIX,
+    STALE_SUFFIX,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_npz,
     json_safe,
     remove_abandoned_stages,
+    replace_folder,
 )
 from nsacdrive.common.workers import torch_threads
 from nsacdrive.controllers.run import load_run
@@ -449,9 +451,6 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return "<table>" + head + "".join(body) + "</table>"
 
 
-STALE_SUFFIX = ".stale"  # an earlier report being replaced
-
-
 def write_report(eval_dir: Path, out_dir: Path, config: ReportConfig = ReportConfig()) -> Path:
     """Write ``out_dir/index.html`` with its figures and data; returns the index path.
 
@@ -466,18 +465,7 @@ def write_report(eval_dir: Path, out_dir: Path, config: ReportConfig = ReportCon
     shutil.rmtree(stage, ignore_errors=True)
     try:
         Report(eval_dir, stage, config).write()
-        _replace_folder(stage, out_dir)
+        replace_folder(stage, out_dir)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out_dir / "index.html"
-
-
-def _replace_folder(new: Path, target: Path) -> None:
-    """Move the folder ``new`` to ``target``, replacing what is there."""
-    if not target.exists():
-        os.rename(new, target)
-        return
-    stale = target.parent / f".{target.name}.{os.getpid()}{STALE_SUFFIX}"
-    os.rename(target, stale)
-    os.rename(new, target)
-    shutil.rmtree(stale, ignore_errors=True)
