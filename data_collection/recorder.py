@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,25 +57,38 @@ ENVS = ("carracing", "udacity-style")
 LAYOUTS = ("episodes", "udacity")
 
 
-def recording_renderer(env: str, layout: str, renderer: str | None, where: str) -> str:
+def recording_renderer(env: str, layout: str, renderer: str | None, where: str,
+                       flags: Mapping[str, str] | None = None) -> str:
     """Check that ``env``, ``layout`` and ``renderer`` go together; returns the renderer the frames are
     drawn with: the front camera's own for ``udacity-style``, a CarRacing one (None: ``fast``) otherwise.
 
     :param where: the config named in errors, e.g. ``collect config``
+    :param flags: the command-line flag of ``env``, ``layout`` and ``renderer``: errors then name the
+        settings as typed (``--layout udacity needs --env udacity-style``), not as fields of ``where``
     """
+    prefix = f"{where} " if flags is None else ""
+
+    def subject(name: str) -> str:
+        return prefix + (name if flags is None else flags[name])
+
+    def setting(name: str, value: str) -> str:
+        return f"{name} {value!r}" if flags is None else f"{flags[name]} {value}"
+
     if env not in ENVS:
-        raise ValueError(f"{where} env: expected one of {', '.join(ENVS)}, got {env!r}")
+        raise ValueError(f"{subject('env')}: expected one of {', '.join(ENVS)}, got {env!r}")
     if layout not in LAYOUTS:
-        raise ValueError(f"{where} layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise ValueError(f"{subject('layout')}: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if layout == "udacity" and env != "udacity-style":
-        raise ValueError(f"{where} layout 'udacity' needs env 'udacity-style' (the Udacity layout holds 320×160 camera frames)")
+        raise ValueError(f"{prefix}{setting('layout', layout)} needs {setting('env', 'udacity-style')} "
+                         "(the Udacity layout holds 320×160 camera frames)")
     if env == "udacity-style":
         if renderer not in (None, FRONT_CAMERA_RENDERER):
-            raise ValueError(f"{where} renderer: the udacity-style env draws its own front camera; {renderer!r} is for env 'carracing'")
+            raise ValueError(f"{subject('renderer')}: the udacity-style env draws its own front camera; "
+                             f"{setting('renderer', renderer)} is for {setting('env', 'carracing')}")
         return FRONT_CAMERA_RENDERER
     renderer = DEFAULT_RENDERER if renderer is None else renderer
     if renderer not in RENDERERS:
-        raise ValueError(f"{where} renderer: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
+        raise ValueError(f"{subject('renderer')}: expected one of {', '.join(RENDERERS)}, got {renderer!r}")
     return renderer
 
 

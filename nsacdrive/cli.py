@@ -102,7 +102,8 @@ def _presets(text: str) -> list[str]:
         raise typer.BadParameter(f"--colour-preset: {exc}") from None
 
 
-#: The flag of each setting a folder records (the library names its config fields), for resume refusals.
+#: The flag of each config field the library names (it speaks in fields): for resume refusals and
+#: the recording's env/layout/renderer check.
 SETTING_FLAGS = {
     "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
     "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
@@ -121,18 +122,21 @@ def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _check_runs_load(runs: list[Path]) -> None:
-    """Load every run once (config and weights) before any driving or computing: a mistyped,
-    incomplete or corrupt run folder is an error now, not a failed row in a summary later."""
+def _load_runs(runs: list[Path]) -> dict[Path, tuple[Any, Any]]:
+    """Load every run (config and weights, checked against the architecture) before any driving or
+    computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
+    summary later. Returns run → (controller, training config), for work done in this process."""
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.controllers.run import load_run
 
+    loaded = {}
     for run in runs:
         try:
-            load_run(run)
+            loaded[run] = load_run(run)
         except CheckpointError as exc:
             typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
+    return loaded
 
 
 @app.command()
@@ -152,14 +156,15 @@ def collect(
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     check_output_folder(out)
-    from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig
+    from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig, recording_renderer
     from nsacdrive.data_collection.recorder import collect as run_collect
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
-    if layout.value == "udacity" and env.value != "udacity-style":
-        raise typer.BadParameter("--layout udacity needs --env udacity-style (the Udacity layout holds 320×160 camera frames)")
-    if renderer is not None and env.value == "udacity-style":
-        raise typer.BadParameter("--renderer: the udacity-style env draws its own front camera; --renderer is for --env carracing")
+    try:
+        recording_renderer(env.value, layout.value, renderer.value if renderer else None, "collect", SETTING_FLAGS)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     try:
         config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                                noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
@@ -353,12 +358,12 @@ def evaluate_offline(
 
     if colour_preset is not None:
         _presets(colour_preset)
-    _check_runs_load(runs)
+    loaded = _load_runs(runs)
     try:
         results = []
         for run in runs:
-            for repeat in seed_repeats(run, train_seeds):
-                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples))
+            for repeat in seed_repeats(run, train_seeds):  # the run itself first, then its retrainings
+                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None)))
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -393,7 +398,7 @@ def closed_loop_eval(
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
-    _check_runs_load(runs)
+    _load_runs(runs)  # the workers load their own copies (other processes, or one per lockstep group)
     try:
         drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value)
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),

@@ -101,6 +101,21 @@ def test_collect_other_bad_arguments(tmp_path, args, fragment):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layout", "udacity"], "error: --layout udacity needs --env udacity-style (the Udacity layout holds 320×160 camera frames)"),
+        (["--env", "udacity-style", "--renderer", "stock"],
+         "error: --renderer: the udacity-style env draws its own front camera; --renderer stock is for --env carracing"),
+    ],
+)
+def test_collect_refuses_settings_that_do_not_go_together_in_one_line_naming_the_flags(tmp_path, args, message):
+    result = invoke("collect", "--seeds", "0", "--out", tmp_path / "out", *args)
+    assert result.exit_code == 2
+    assert normalize(result.output) == message  # the recorder's own check, its fields named as flags
+    assert not (tmp_path / "out").exists()
+
+
 def test_collect_requires_out():
     result = invoke("collect", "--seeds", "0")
     assert result.exit_code == 2
