@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,30 @@ class SettingsChanged(ValueError):
     def __init__(self, path: Path, changes: Sequence[SettingChange]) -> None:
         self.path = path
         self.changes = tuple(changes)
-        listed = "; ".join(f"{c.name} {c.recorded!r} recorded, {c.requested!r} now" for c in self.changes)
-        super().__init__(f"{path.parent}: holds results made with other settings ({listed}); "
-                         "use the recorded settings or another output folder")
+        super().__init__(self.describe())
+
+    def describe(self, flags: Mapping[str, str] | None = None, folder: str = "output folder") -> str:
+        """The refusal in the library's terms (``steps 10 recorded, 20 now``) or, given ``flags``, in a
+        command line's (``--max-steps 10 there, 20 now``: values as typed, None as ``unset``).
+
+        :param flags: the command-line flag of each changed setting (``field`` or ``field.subfield``);
+            a setting without one keeps its own name
+        :param folder: what the advice at the end calls the output folder, e.g. ``--out``
+        """
+        if flags is None:
+            listed = [f"{c.name} {c.recorded!r} recorded, {c.requested!r} now" for c in self.changes]
+        else:
+            listed = [f"{flags.get(c.name, c.name)} {_as_typed(c.recorded)} there, {_as_typed(c.requested)} now"
+                      for c in self.changes]
+        return (f"{self.path.parent} holds results made with other settings ({'; '.join(listed)}); "
+                f"use the recorded settings or another {folder}")
+
+
+def _as_typed(value: Any) -> str:
+    """A setting's JSON value as a command line types it: a list comma-separated, None as ``unset``."""
+    if value is None:
+        return "unset"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _plain(value: Any) -> Any:

@@ -108,17 +108,13 @@ SETTING_FLAGS = {
     "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
     "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
     "drive.renderer": "--renderer", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
+    "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
 
 def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
     """Exit 2 naming every flag whose value differs from the one the output folder was made with."""
-    def show(value: Any) -> str:
-        return "unset" if value is None else ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-    changes = "; ".join(f"{SETTING_FLAGS.get(c.name, c.name)} {show(c.recorded)} there, {show(c.requested)} now" for c in exc.changes)
-    typer.secho(f"error: {exc.path.parent} holds results made with other settings ({changes}); "
-                "use the recorded settings or another --out", fg="red", err=True)
+    typer.secho(f"error: {exc.describe(SETTING_FLAGS, folder='--out')}", fg="red", err=True)
     raise typer.Exit(2)
 
 

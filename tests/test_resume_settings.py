@@ -52,6 +52,16 @@ def test_a_changed_setting_is_named_with_both_values(tmp_path):
     assert caught.value.path == tmp_path / SETTINGS_FILE
 
 
+def test_a_refusal_reads_in_the_librarys_terms_or_with_the_flags_of_a_command_line(tmp_path):
+    refusal = SettingsChanged(tmp_path / SETTINGS_FILE, [SettingChange("steps", 10, 20), SettingChange("inner.depth", None, [2, 3])])
+    assert str(refusal) == refusal.describe() == (f"{tmp_path} holds results made with other settings "
+                                                 "(steps 10 recorded, 20 now; inner.depth None recorded, [2, 3] now); "
+                                                 "use the recorded settings or another output folder")
+    assert refusal.describe({"steps": "--steps"}, folder="--out") == (
+        f"{tmp_path} holds results made with other settings (--steps 10 there, 20 now; inner.depth unset there, 2,3 now); "
+        "use the recorded settings or another --out")
+
+
 def test_a_field_the_record_predates_compares_at_its_default(tmp_path):
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({"name": "a", "inner": {"depth": 2}, "removed_since": 1}))
     check_settings(tmp_path, Job("a"), FIELDS)  # steps: not recorded, default 10 = the current value
@@ -164,6 +174,16 @@ def test_cli_collect_resume_names_the_changed_flag(tmp_path):
     assert result.exit_code == 2
     assert normalize(result.output).startswith(f"error: {tmp_path} holds results made with other settings "
                                                "(--max-steps 20 there, 25 now; --renderer fast there, stock now)")
+
+
+def test_cli_collect_into_a_dagger_round_folder_names_daggers_mixing(tmp_path):
+    mixing = MixingConfig(learner="controller:runs/a", beta=0.5, source="dagger-round-1")
+    record_settings(tmp_path, CollectConfig(agent="expert", seeds=[3], max_steps=STEPS, mixing=mixing), CollectConfig.FOLDER_FIELDS)
+    result = CliRunner().invoke(app, ["collect", "--seeds", "3", "--max-steps", str(STEPS), "--out", str(tmp_path), "--resume"])
+    assert result.exit_code == 2
+    assert normalize(result.output).startswith(f"error: {tmp_path} holds results made with other settings (DAgger's mixing "
+                                               "{'learner': 'controller:runs/a', 'beta': 0.5, 'source': 'dagger-round-1'} there, unset now)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SETTINGS_FILE]  # nothing recorded
 
 
 # ------------------------------------------------------------------------------ eval
