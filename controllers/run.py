@@ -19,8 +19,8 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
-    """The best-validation controller of a run folder, in eval mode, and its training config."""
+def read_run_config(run_dir: str | Path) -> TrainConfig:
+    """The training config of a run folder, checked, without building its controller (CheckpointError naming the file)."""
     run_dir = Path(run_dir)
     raw = read_config(run_dir)
     try:
@@ -28,6 +28,13 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module,
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{run_dir / CONFIG_FILE}: not a valid training config ({exc})") from None
     check_versions(run_dir)
+    return config
+
+
+def load_run(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
+    """The best-validation controller of a run folder, in eval mode, and its training config."""
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
     model = build_controller(config.model)
     load_weights(model, run_dir / WEIGHTS_FILE)
     return model.to(pick_device(device)).eval(), config

@@ -520,7 +520,8 @@ class EvalConfig:
     :param address: the Ray cluster to join (``backend="ray"`` only)
     :param inference: where the controller runs (:func:`resolve_inference`): ``inline`` in each
         worker's env loop, or ``process``, its own process beside each worker's, which drives two
-        lockstep groups double-buffered (:func:`run_pipelined`); both give the same episodes
+        lockstep groups double-buffered (:func:`run_pipelined`); both give the same episodes; or
+        ``auto``, resolved once, on construction, into ``resolved_inference``
     """
 
     runs: tuple[str, ...]
@@ -534,6 +535,8 @@ class EvalConfig:
     backend: str = "process"
     address: str | None = None
     inference: str = "inline"
+    #: ``inline`` or ``process``: ``inference`` resolved for this backend and number of workers
+    resolved_inference: str = field(init=False)
 
     #: the fields that define the episodes; the others only choose where and how fast they run
     EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "repeats", "trials", "drive", "batch")
@@ -545,8 +548,7 @@ class EvalConfig:
         for name in ("runs", "seeds", "colour_presets"):
             if not getattr(self, name):
                 raise ValueError(f"evaluation config {name}: give at least one")
-        _distinct("runs", self.runs)
-        _distinct("run folder names", [Path(run).name for run in self.runs])
+        _distinct("run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
         _distinct("seeds", self.seeds)
         _distinct("colour_presets", self.colour_presets)
         for preset in self.colour_presets:
@@ -558,7 +560,7 @@ class EvalConfig:
             raise ValueError(f"evaluation config backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.address is not None and self.backend != "ray":
             raise ValueError(f"evaluation config address: only used with backend 'ray', got backend {self.backend!r}")
-        resolve_inference(self.inference, self.backend, self.workers)  # validates the mode
+        object.__setattr__(self, "resolved_inference", resolve_inference(self.inference, self.backend, self.workers))
 
     def keys(self) -> list[EpisodeKey]:
         """Every episode, in the order lockstep groups are cut from (:func:`batch_groups`)."""
@@ -584,7 +586,7 @@ def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False
     so every episode and ``aggregates.json`` share one set of settings. Workers, backend, address
     and inference mode may change (they give the same episodes)."""
     out_dir = Path(out_dir)
-    inference = resolve_inference(config.inference, config.backend, config.workers)
+    inference = config.resolved_inference
     keys = config.keys()
     if resume:
         check_settings(out_dir, config, EvalConfig.EPISODE_FIELDS)

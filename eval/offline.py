@@ -26,7 +26,8 @@ from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.metrics import ood_auroc, regression_report
-from nsacdrive.controllers.run import load_run
+from nsacdrive.controllers.run import load_run, read_run_config
+from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.eval.modes import OFFLINE_SPLITS
 
@@ -59,11 +60,15 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
 
 
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
-                 max_samples: int | None = None) -> dict[str, Any]:
-    """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed."""
+                 max_samples: int | None = None,
+                 loaded: tuple[torch.nn.Module, TrainConfig] | None = None) -> dict[str, Any]:
+    """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed.
+
+    ``loaded``: the run's controller and config from :func:`load_run` when the caller holds them
+    already (the run is then not loaded again)."""
     if split not in OFFLINE_SPLITS:
         raise ValueError(f"split: expected one of {', '.join(OFFLINE_SPLITS)}, got {split!r}")
-    model, config = load_run(run_dir)
+    model, config = loaded if loaded is not None else load_run(run_dir)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
     kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
     conditions = {"clean": "default"}
@@ -143,7 +148,7 @@ def seed_repeats(run_dir: Path, count: int, progress: bool = True) -> list[Path]
 
     from nsacdrive.controllers.training import Trainer
 
-    _, config = load_run(run_dir)
+    config = read_run_config(run_dir)
     runs = [run_dir]
     for k in range(1, count):
         target = run_dir / "seed-repeats" / f"seed{config.seed + k}"

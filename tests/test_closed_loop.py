@@ -143,6 +143,30 @@ def test_stock_renderer_episodes_and_a_bad_renderer(trained_run, tmp_path):
         DriveConfig(renderer="magic")
 
 
+def test_a_run_listed_twice_or_two_runs_of_one_folder_name_are_refused(trained_run, tmp_path):
+    with pytest.raises(ValueError, match="evaluation config run folder names: listed twice: run$"):
+        EvalConfig(runs=[trained_run, Path(trained_run) / "."], seeds=[3])
+    with pytest.raises(ValueError, match="evaluation config run folder names: listed twice: run$"):
+        EvalConfig(runs=[tmp_path / "a" / "run", tmp_path / "b" / "run"], seeds=[3])
+
+
+def test_inference_is_resolved_once_when_the_config_is_made(trained_run, tmp_path, monkeypatch):
+    import dataclasses
+
+    import nsacdrive.eval.closed_loop as closed_loop
+
+    calls = []
+    resolve = closed_loop.resolve_inference
+    monkeypatch.setattr(closed_loop, "resolve_inference", lambda *args: calls.append(args) or resolve(*args))
+    config = evaluation(trained_run, max_steps=10)
+    evaluate_closed_loop(config, tmp_path, progress=False)
+    assert calls == [("inline", "process", 1)]
+    assert json.loads((tmp_path / "aggregates.json").read_text())["inference"] == config.resolved_inference == "inline"
+    auto = dataclasses.replace(config, inference="auto")
+    assert auto.inference == "auto" and auto.resolved_inference == resolve("auto", "process", 1)
+    assert dataclasses.replace(auto, workers=10**6).resolved_inference == "inline"  # no machine has 2 million cores
+
+
 def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
     action = np.array([0.1, 0.8, 0.0], dtype=np.float32)
     assert np.array_equal(throttle_cap(action, 0.05, 0.1), action)

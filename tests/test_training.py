@@ -210,6 +210,23 @@ def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
     assert missing.exit_code == 2 and "shift-5" in missing.output
 
 
+def test_evaluate_offline_loads_each_run_once(dataset, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import nsacdrive.controllers.run as run_module
+    from nsacdrive.cli import app
+
+    Trainer(tiny_config(dataset, "gmle"), tmp_path / "gmle", progress=False).fit()
+    loads = []
+    build = run_module.build_controller
+    monkeypatch.setattr(run_module, "build_controller", lambda config: loads.append(config.model) or build(config))
+    result = CliRunner().invoke(app, ["evaluate-offline", str(tmp_path / "gmle"), "--data", str(dataset), "--train-seeds", "2",
+                                      "--out", str(tmp_path / "table")])
+    assert result.exit_code == 0, result.output
+    # the up-front check's load computes the run's rows; the retraining is loaded when its rows are computed
+    assert loads == ["gmle", "gmle"]
+
+
 def test_reference_encoder_builds_trains_and_keeps_batchnorm_statistics_for_perturbed_passes():
     from nsacdrive.controllers.registry import build_controller
 
