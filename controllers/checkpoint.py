@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load as parse_safetensors
+from safetensors.torch import save
 
-from nsacdrive.common.atomic import PARTIAL_SUFFIX, atomic_write_bytes, atomic_write_json
+from nsacdrive.common.atomic import atomic_folder, atomic_write_bytes, atomic_write_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -62,8 +61,28 @@ def save_weights(module: torch.nn.Module, path: Path) -> None:
 def write_recorded(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, then record its sha256 in the folder's ``checksums.json``."""
     atomic_write_bytes(path, data)
-    checksums = read_checksums(path.parent)
-    atomic_write_json(path.parent / CHECKSUMS_FILE, {**checksums, path.name: hashlib.sha256(data).hexdigest()})
+    _record(path, _sha256(data))
+
+
+def _record(path: Path, digest: str) -> None:
+    """Record ``digest`` as ``path``'s sha256 in its folder's ``checksums.json``, keeping the other entries."""
+    atomic_write_json(path.parent / CHECKSUMS_FILE, {**read_checksums(path.parent), path.name: digest})
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str | None:
+    """The sha256 of the file at ``path``, read in blocks, or None when there is no such file."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
 
 
 def read_checksums(folder: Path) -> dict[str, str]:
@@ -80,24 +99,31 @@ def read_checksums(folder: Path) -> dict[str, str]:
     return checksums
 
 
-def verify_checksum(path: Path, required: bool = False) -> None:
-    """Raise CheckpointError naming ``path`` if its sha256 differs from the one recorded beside it.
+def _recorded_sha256(path: Path) -> str | None:
+    """The sha256 recorded for ``path`` in its folder's ``checksums.json``, or None."""
+    return read_checksums(Path(path).parent).get(Path(path).name)
 
-    A file with no record passes (folders written before checksums were recorded) unless ``required``."""
-    path = Path(path)
-    expected = read_checksums(path.parent).get(path.name)
+
+def _required_sha256(path: Path) -> str:
+    """The sha256 recorded for ``path``; CheckpointError naming ``checksums.json`` when there is none."""
+    expected = _recorded_sha256(path)
     if expected is None:
-        if required:
-            raise CheckpointError(f"{path}: no sha256 recorded in {path.parent / CHECKSUMS_FILE}")
-        return
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected:
-        raise CheckpointError(f"{path}: sha256 {digest.hexdigest()[:12]}… differs from {expected[:12]}… recorded in {CHECKSUMS_FILE}; "
+        raise CheckpointError(f"{path}: no sha256 recorded in {Path(path).parent / CHECKSUMS_FILE}")
+    return expected
+
+
+def _read_recorded(path: Path, required: bool = False) -> bytes:
+    """The bytes of ``path``, read once and checked against the sha256 recorded beside it; a mismatch
+    raises CheckpointError naming ``path``. A file with no record passes (folders written before
+    checksums were recorded) unless ``required``."""
+    path = Path(path)
+    expected = _required_sha256(path) if required else _recorded_sha256(path)
+    data = path.read_bytes()
+    if expected is not None and (digest := _sha256(data)) != expected:
+        raise CheckpointError(f"{path}: sha256 {digest[:12]}… differs from {expected[:12]}… recorded in {CHECKSUMS_FILE}; "
                               "the file is corrupt or was changed after it was saved (a training run killed while saving "
                               "is repaired by `train --resume`)")
+    return data
 
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
@@ -105,10 +131,19 @@ def load_weights(module: torch.nn.Module, path: Path) -> None:
     mismatch with the architecture raises CheckpointError."""
     if not path.exists():
         raise CheckpointError(f"{path}: weights file is missing")
-    verify_checksum(path)
     try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
+        data = _read_recorded(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    load_weights_bytes(module, data, path)
+
+
+def load_weights_bytes(module: torch.nn.Module, data: bytes, path: Path) -> None:
+    """Load the safetensors file ``data`` (read from ``path``, which errors name) strictly; bytes
+    that do not parse or do not match the architecture raise CheckpointError."""
+    try:
+        state = parse_safetensors(data)
+    except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -159,16 +194,16 @@ class Checkpoint:
     def path(self, name: str) -> Path:
         return self.folder / name
 
-    def verify(self) -> None:
-        """Every file is there and matches its recorded sha256, else CheckpointError naming it."""
-        for name in self.FILES:
-            if not self.path(name).exists():
-                raise CheckpointError(f"{self.path(name)}: checkpoint file is missing")
-            verify_checksum(self.path(name), required=True)
-
     def read(self, name: str) -> bytes:
-        verify_checksum(self.path(name), required=True)
-        return self.path(name).read_bytes()
+        """The bytes of file ``name``, read once and checked against their recorded sha256; a missing
+        or corrupt file raises CheckpointError naming it."""
+        if not self.path(name).exists():
+            raise CheckpointError(f"{self.path(name)}: checkpoint file is missing")
+        return _read_recorded(self.path(name), required=True)
+
+    def read_all(self) -> dict[str, bytes]:
+        """Every file of :attr:`FILES`, each read and checked once (see :meth:`read`)."""
+        return {name: self.read(name) for name in self.FILES}
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
@@ -182,28 +217,24 @@ def write_checkpoint(run_dir: Path, epoch: int, files: dict[str, bytes]) -> Chec
     into a temporary folder, with their checksums, renamed to ``resume/epoch-NNNN`` when complete."""
     if set(files) != set(Checkpoint.FILES):
         raise ValueError(f"a checkpoint holds {Checkpoint.FILES}, got {sorted(files)}")
-    resume = Path(run_dir) / RESUME_DIR
-    resume.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".epoch-{epoch:04d}.", suffix=PARTIAL_SUFFIX, dir=resume))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(partial, 0o777 & ~umask)  # mkdtemp creates 0700; finished folders get normal permissions
-    for name, data in files.items():
-        write_recorded(partial / name, data)
-    final = resume / f"epoch-{epoch:04d}"
-    os.replace(partial, final)  # the commit point: the folder appears complete or not at all
+    final = Path(run_dir) / RESUME_DIR / f"epoch-{epoch:04d}"
+    with atomic_folder(final) as partial:  # the commit point: the folder appears complete or not at all
+        for name, data in files.items():
+            atomic_write_bytes(partial / name, data)
+        atomic_write_json(partial / CHECKSUMS_FILE, {name: _sha256(data) for name, data in files.items()})
     return Checkpoint(final)
 
 
 def publish(run_dir: Path, checkpoint: Checkpoint) -> None:
-    """Make ``run_dir/model.safetensors`` the checkpoint's best weights (rewritten only when they differ),
-    and drop every other checkpoint and unfinished write in ``run_dir/resume``."""
+    """Make ``run_dir/model.safetensors`` the checkpoint's best weights (rewritten only when its recorded
+    or actual sha256 differs from theirs), and drop every other checkpoint and unfinished write in
+    ``run_dir/resume``."""
     run_dir = Path(run_dir)
-    best = checkpoint.read(BEST_WEIGHTS)
-    digest = hashlib.sha256(best).hexdigest()
+    digest = _required_sha256(checkpoint.path(BEST_WEIGHTS))
     target = run_dir / WEIGHTS_FILE
-    if read_checksums(run_dir).get(WEIGHTS_FILE) != digest or not target.exists() or target.read_bytes() != best:
-        write_recorded(target, best)
+    if _recorded_sha256(target) != digest or _file_sha256(target) != digest:
+        atomic_write_bytes(target, checkpoint.read(BEST_WEIGHTS))  # read checks the bytes against ``digest``
+        _record(target, digest)
     for folder in (run_dir / RESUME_DIR).iterdir():
         if folder == checkpoint.folder:
             continue

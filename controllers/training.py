@@ -50,6 +50,7 @@ from nsacdrive.controllers.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_weights,
+    load_weights_bytes,
     publish,
     read_config,
     weights_bytes,
@@ -177,9 +178,9 @@ class Trainer:
         if json.loads(json.dumps(on_disk)) != json.loads(json.dumps(saved)):
             raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
         check_versions(self.run_dir)
-        checkpoint.verify()
-        load_weights(self.model, checkpoint.path(LAST_WEIGHTS))
-        blob = torch.load(io.BytesIO(checkpoint.read(TRAINER_STATE)), weights_only=False)
+        files = checkpoint.read_all()  # each file read and its sha256 checked once, all before any is used
+        load_weights_bytes(self.model, files[LAST_WEIGHTS], checkpoint.path(LAST_WEIGHTS))
+        blob = torch.load(io.BytesIO(files[TRAINER_STATE]), weights_only=False)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainState(**blob["train_state"])

@@ -4,7 +4,9 @@ corrupt weights and version records — each must stop with an error that names 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -115,18 +117,18 @@ class Killed(BaseException):
 
 
 def kill_at(monkeypatch, condition) -> None:
-    """Make checkpoint.write_recorded die when ``condition(path)`` holds — after writing the bytes
-    when the path is the run's published model (the kill between a file and its checksum record)."""
-    original = checkpoint.write_recorded
+    """Make the checkpoint module's file writes die when ``condition(path)`` holds — after writing the
+    bytes when the path is the run's published model (the kill between a file and its checksum record)."""
+    original = checkpoint.atomic_write_bytes
 
-    def write_recorded(path, data):
+    def atomic_write_bytes(path, data):
         if condition(Path(path)):
             if Path(path).name == checkpoint.WEIGHTS_FILE:
-                checkpoint.atomic_write_bytes(path, data)
+                original(path, data)
             raise Killed
         original(path, data)
 
-    monkeypatch.setattr(checkpoint, "write_recorded", write_recorded)
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", atomic_write_bytes)
 
 
 def weights_of(path: Path) -> dict[str, Any]:
@@ -211,6 +213,80 @@ def test_resume_without_a_complete_checkpoint_but_with_weights_says_what_is_wron
         Trainer(config, run, progress=False).fit(resume=True)
     with pytest.raises(FileExistsError, match="already holds a run; pass --resume"):
         Trainer(config, run, progress=False).fit()
+
+
+# ----------------------------------------------------------------------------- checkpoint reads and writes
+
+
+@pytest.fixture
+def hashed(monkeypatch) -> list[int]:
+    """The sizes of the byte strings fed to sha256 from now on (hashing done once shows as one entry per file)."""
+    sizes: list[int] = []
+    real = hashlib.sha256
+
+    class Counting:
+        def __init__(self, data: bytes = b"") -> None:
+            self._digest = real(data)
+            sizes.append(len(data))
+
+        def update(self, data: bytes) -> None:
+            self._digest.update(data)
+            sizes[-1] += len(data)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    monkeypatch.setattr(hashlib, "sha256", Counting)
+    return sizes
+
+
+def test_a_checkpoint_records_every_file_in_one_checksums_json_write(tmp_path, monkeypatch):
+    written = []
+    original = checkpoint.atomic_write_json
+    monkeypatch.setattr(checkpoint, "atomic_write_json", lambda path, obj: (written.append(Path(path).name), original(path, obj)))
+    files = {name: name.encode() * (index + 1) for index, name in enumerate(checkpoint.Checkpoint.FILES)}
+    umask = os.umask(0o022)
+    os.umask(umask)
+    saved = checkpoint.write_checkpoint(tmp_path, 7, files)
+    assert written == ["checksums.json"]
+    assert saved.folder == tmp_path / "resume" / "epoch-0007" and sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["epoch-0007"]
+    assert json.loads((saved.folder / "checksums.json").read_text()) == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    assert saved.read_all() == files
+    assert saved.folder.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_resume_reads_and_hashes_each_file_once(tiny_data, tmp_path, hashed):
+    run = tmp_path / "run"
+    config = tiny_config(tiny_data, epochs=1)
+    Trainer(config, run, progress=False).fit()
+    files = [*checkpoint.latest_checkpoint(run).folder.glob("*.*[!n]"), run / "model.safetensors"]  # all but checksums.json
+    trainer = Trainer(config, run, progress=False)
+    hashed.clear()
+    trainer.fit(resume=True)  # nothing left to train: verifies, loads and republishes
+    assert sorted(hashed) == sorted(path.stat().st_size for path in files) and len(files) == 4
+
+
+@pytest.mark.parametrize("improved", [True, False])
+def test_an_epoch_hashes_its_checkpoint_once_and_its_best_weights_once_more(tiny_data, tmp_path, monkeypatch, hashed, improved):
+    """Improved: the new best is read back once to publish it. Not improved: the previous best is read once
+    to carry it forward, and the published file is hashed to confirm that it needs no rewrite."""
+    import torch
+
+    trainer = Trainer(tiny_config(tiny_data), tmp_path / "run", progress=False)
+    trainer.fit()  # two epochs
+    with torch.no_grad():
+        next(trainer.model.parameters()).add_(1.0)  # this epoch's weights differ from the published best
+    trainer.state.epoch += 1
+    written = []
+    original = checkpoint.atomic_write_bytes
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", lambda path, data: (written.append(Path(path).name), original(path, data)))
+    hashed.clear()
+    trainer.save_checkpoint(improved)
+    saved = checkpoint.latest_checkpoint(tmp_path / "run")
+    size = {name: saved.path(name).stat().st_size for name in saved.FILES}
+    assert sorted(hashed) == sorted([*size.values(), size[checkpoint.BEST_WEIGHTS]] + ([] if improved else [size[checkpoint.BEST_WEIGHTS]]))
+    assert sorted(written) == sorted([*saved.FILES] + (["model.safetensors"] if improved else []))
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == saved.read(checkpoint.BEST_WEIGHTS)
 
 
 # ----------------------------------------------------------------------------- corrupt weights

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from nsacdrive.common.atomic import (
     PARTIAL_SUFFIX,
+    atomic_folder,
     atomic_path,
     atomic_write_bytes,
     atomic_write_json,
@@ -159,6 +160,22 @@ def test_atomic_path_failure_keeps_old_file_and_removes_temp(tmp_path):
     assert target.read_bytes() == b"old"
     assert not seen[0].exists()
     assert list(tmp_path.iterdir()) == [target]
+
+
+def test_atomic_folder_appears_complete_with_normal_permissions_or_not_at_all(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    with pytest.raises(RuntimeError, match="crash"):
+        with atomic_folder(tmp_path / "unit") as stage:
+            assert stage.parent == tmp_path and stage.name.startswith(".unit.") and stage.name.endswith(PARTIAL_SUFFIX)
+            (stage / "half").write_bytes(b"x")
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_folder(tmp_path / "unit") as stage:
+        (stage / "file").write_bytes(b"whole")
+        assert not (tmp_path / "unit").exists()
+    assert (tmp_path / "unit" / "file").read_bytes() == b"whole" and list(tmp_path.iterdir()) == [tmp_path / "unit"]
+    assert (tmp_path / "unit").stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_atomic_path_failure_without_old_file_creates_nothing(tmp_path):
