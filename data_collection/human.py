@@ -23,6 +23,7 @@ import pygame
 
 from nsacdrive.agents.human import HumanAgent
 from nsacdrive.agents.rollout import Step, drive
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, Range, check_fields
 from nsacdrive.data_collection.recorder import (
     episode_from_steps,
     make_recording_env,
@@ -38,6 +39,9 @@ from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.udacity_style import FRAME_SHAPE, SideCameraLog
 
 FPS = 50  # CarRacing's own frame rate (the human render ticks at it)
+#: the numbers each field of :class:`HumanDriveConfig` may take (``max_episodes`` may also be None)
+RANGES = {"seed": NON_NEGATIVE, "slow_motion": Range(1), "max_steps": AT_LEAST_ONE, "max_episodes": AT_LEAST_ONE,
+          "window_scale": AT_LEAST_ONE}
 
 
 @dataclass(frozen=True)
@@ -66,16 +70,7 @@ class HumanDriveConfig:
     window_scale: int = 3
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"drive config seed must be >= 0, got {self.seed}")
-        if not self.slow_motion >= 1:
-            raise ValueError(f"drive config slow_motion must be >= 1, got {self.slow_motion}")
-        if self.max_steps < 1:
-            raise ValueError(f"drive config max_steps must be >= 1, got {self.max_steps}")
-        if self.max_episodes is not None and self.max_episodes < 1:
-            raise ValueError(f"drive config max_episodes must be >= 1 or None, got {self.max_episodes}")
-        if self.window_scale < 1:
-            raise ValueError(f"drive config window_scale must be >= 1, got {self.window_scale}")
+        check_fields(self, "drive config", RANGES)
         validate_preset(self.colour_preset)
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "drive config"))
 

@@ -29,6 +29,7 @@ from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
+from nsacdrive.common.config_checks import AT_LEAST_ONE, check_fields
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
@@ -357,8 +358,7 @@ class CollectConfig:
     FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seeds", tuple(self.seeds))
-        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
+        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE})
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")
@@ -366,10 +366,6 @@ class CollectConfig:
         _distinct("seeds", self.seeds)
         for preset in self.colour_presets:
             validate_preset(preset)
-        if self.max_steps < 1:
-            raise ValueError(f"collect config max_steps must be >= 1, got {self.max_steps}")
-        if self.workers < 1:
-            raise ValueError(f"collect config workers must be >= 1, got {self.workers}")
 
     def jobs(self, agent_kinds: AgentKinds = AGENT_KINDS) -> list[EpisodeJob]:
         """One job per (preset, seed), preset-major; ``agent_kinds`` builds the agents in the workers."""

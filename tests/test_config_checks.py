@@ -1,5 +1,5 @@
-"""Every field of the training, model, encoder, augmentation and attention configs is type- and
-range-checked, and the message names the field, what was expected and the value given."""
+"""Every field of the training, model, encoder, augmentation, attention, recording and human-drive
+configs is type- and range-checked, and the message names the field, what was expected and the value given."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
+from nsacdrive.data_collection.human import HumanDriveConfig
+from nsacdrive.data_collection.recorder import CollectConfig
 
 #: each config class with the fields it needs to build
 CONFIGS: dict[type, dict[str, Any]] = {
@@ -31,6 +33,8 @@ CONFIGS: dict[type, dict[str, Any]] = {
     UdacityAugmentConfig: {},
     NSACConfig: {"input_dim": 8, "d_model": 8, "num_heads": 2},
     NACConfig: {"input_dim": 8, "d_model": 8, "num_heads": 2},
+    CollectConfig: {"agent": "expert", "seeds": (0,)},
+    HumanDriveConfig: {},
 }
 
 #: one value outside the allowed range for every bounded numeric field
@@ -48,11 +52,13 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
                            "steer_per_pixel": -0.002, "shadow_lightness": (-0.2, 0.5), "brightness": (-0.8, 1.2)},
     NSACConfig: {"input_dim": 0, "topk": 0, "output_dim": 0, "bn_std": -1.0, "sparsity": 1.5, "wiring_seed": -1, "tau_epsilon": 0.0, "dropout": 1.0},
     NACConfig: {"input_dim": 0, "topk": 0, "sparsity": -0.5, "wiring_seed": -1, "tau_epsilon": -1e-6, "dropout": -0.1},
+    CollectConfig: {"max_steps": 0, "workers": 0},
+    HumanDriveConfig: {"seed": -1, "slow_motion": 0.5, "max_steps": 0, "max_episodes": 0, "window_scale": 0},
 }
 #: numeric fields without a range (any finite value is meaningful)
 UNBOUNDED = {(TrainConfig, "perturb_mean"), (NSACConfig, "bn_mean"), (NSACConfig, "a0"),
              (NSACConfig, "d_model"), (NSACConfig, "num_heads"), (NACConfig, "d_model"), (NACConfig, "num_heads"),
-             (NACConfig, "euler_steps"), (NACConfig, "delta_t")}
+             (NACConfig, "euler_steps"), (NACConfig, "delta_t"), (CollectConfig, "seeds")}
 
 
 def base_type(annotation: Any) -> Any:
