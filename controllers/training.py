@@ -243,10 +243,13 @@ class Trainer:
         frames = self._augment_batch(batch["frames"], augment_rng).to(self.device)
         terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
                                          perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
-        self._check_finite("loss", terms["total"], where, self.train_set, batch)
         self.optimizer.zero_grad(set_to_none=True)
         terms["total"].backward()
-        self._check_finite("gradient norm", self._clip_gradients(), where, self.train_set, batch)
+        norms, loss = self._clip_gradients(), terms["total"].detach()
+        # one host sync for both (a NaN loss term with no gradient path leaves the norm finite); which failed is looked up after
+        if not bool(torch.isfinite(norms).all() & torch.isfinite(loss)):
+            what, value = ("gradient norm", norms) if bool(torch.isfinite(loss)) else ("loss", loss)
+            raise self._diverged(what, value.cpu().tolist(), where, self.train_set, batch)
         self.optimizer.step()
         return {key: float(value.detach()) for key, value in terms.items()}
 
@@ -257,14 +260,12 @@ class Trainer:
         groups = [list(self.model.member_parameters(k)) for k in range(len(members))] if members is not None else [list(self.model.parameters())]
         return torch.stack([torch.nn.utils.clip_grad_norm_(group, self.config.grad_clip) for group in groups])
 
-    def _check_finite(self, what: str, value: torch.Tensor, where: str, dataset: SequenceDataset,
-                      batch: dict[str, torch.Tensor]) -> None:
-        """Raise :class:`TrainingDiverged` if ``value`` holds NaN or inf, naming ``where`` and the batch's episodes."""
-        if bool(torch.isfinite(value).all()):
-            return
-        raise TrainingDiverged(f"{self.run_dir}: {where}: the {what} is {value.detach().cpu().tolist()}, training stopped "
-                               f"(lr {self.config.lr}; a lower lr, or the episodes of this batch, may be the cause): "
-                               f"{describe_batch(dataset, batch)}")
+    def _diverged(self, what: str, value: float | list[float], where: str, dataset: SequenceDataset,
+                  batch: dict[str, torch.Tensor]) -> TrainingDiverged:
+        """The error for a non-finite ``what`` (its ``value``), naming ``where`` and the batch's episodes."""
+        return TrainingDiverged(f"{self.run_dir}: {where}: the {what} is {value}, training stopped "
+                                f"(lr {self.config.lr}; a lower lr, or the episodes of this batch, may be the cause): "
+                                f"{describe_batch(dataset, batch)}")
 
     @torch.no_grad()
     def validate(self, epoch: int) -> float:
@@ -280,8 +281,10 @@ class Trainer:
             terms = self.model.training_loss(batch["frames"].to(self.device), batch["timestamps"].to(self.device),
                                              batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
                                              speed=batch["speed"].to(self.device))
-            self._check_finite("loss", terms["total"], f"epoch {epoch + 1}, validation batch {index + 1}", self.val_set, batch)
-            total += float(terms["total"]) * len(batch["action"])
+            loss = float(terms["total"])
+            if not math.isfinite(loss):
+                raise self._diverged("loss", loss, f"epoch {epoch + 1}, validation batch {index + 1}", self.val_set, batch)
+            total += loss * len(batch["action"])
             count += len(batch["action"])
         return total / count
 

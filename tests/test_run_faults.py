@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from data_fixtures import synthetic_arrays, synthetic_metadata, write_synthetic
 
 from nsacdrive.controllers import checkpoint
@@ -81,6 +82,25 @@ def test_a_nan_validation_loss_stops_training_naming_the_validation_batch(tiny_d
         trainer.fit()
 
 
+@pytest.mark.parametrize(("term", "message"), [
+    (lambda model: torch.tensor(float("nan")), r"epoch 1, training batch 1: the loss is nan"),  # no gradient path
+    (lambda model: (next(model.parameters()) * 0).abs().sqrt().sum(), r"epoch 1, training batch 1: the gradient norm is \[nan\]"),
+])
+def test_a_nan_training_loss_or_gradient_stops_training_naming_which(tiny_data, tmp_path, monkeypatch, term, message):
+    trainer = Trainer(tiny_config(tiny_data), tmp_path / "run", progress=False)
+    training_loss = trainer.model.training_loss
+    before = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+
+    def with_term(*args, **kwargs):
+        terms = training_loss(*args, **kwargs)
+        return {**terms, "total": terms["total"] + term(trainer.model)} if trainer.model.training else terms
+
+    monkeypatch.setattr(trainer.model, "training_loss", with_term)
+    with pytest.raises(TrainingDiverged, match=rf"{message}, training stopped .*ep0\.json \(track seed 0"):
+        trainer.fit()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))  # no step was taken
+
+
 @pytest.mark.parametrize(("seeds", "message"), [
     (("0-3", "3", "4"), "train_seeds and val_seeds share track seeds 3;"),
     (("0-3", "4", "0"), "train_seeds and test_seeds share track seeds 0;"),
@@ -138,8 +158,6 @@ def weights_of(path: Path) -> dict[str, Any]:
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
-    import torch
-
     first, second = weights_of(a), weights_of(b)
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
@@ -270,8 +288,6 @@ def test_resume_reads_and_hashes_each_file_once(tiny_data, tmp_path, hashed):
 def test_an_epoch_hashes_its_checkpoint_once_and_its_best_weights_once_more(tiny_data, tmp_path, monkeypatch, hashed, improved):
     """Improved: the new best is read back once to publish it. Not improved: the previous best is read once
     to carry it forward, and the published file is hashed to confirm that it needs no rewrite."""
-    import torch
-
     trainer = Trainer(tiny_config(tiny_data), tmp_path / "run", progress=False)
     trainer.fit()  # two epochs
     with torch.no_grad():
