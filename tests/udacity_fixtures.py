@@ -89,3 +89,53 @@ def write_recording(folder: Path, rows: int = 12, header: bool = False, paths: s
     with open(folder / "driving_log.csv", "w", newline="") as handle:
         csv.writer(handle).writerows(lines)
     return Recording(folder, actions.astype(np.float32), speed.astype(np.float32), header)
+
+
+def curved_road_image(bend: float, rng: np.random.Generator) -> np.ndarray:
+    """A 160×320 RGB front-camera picture of a road bending by ``bend`` (−1 hard left … +1 hard right).
+
+    Sky above the horizon (row 60), grass with a few random darker patches (so the picture changes
+    from frame to frame while the road is what tells the bend), a grey road whose centre drifts
+    sideways with the square of the distance, and a dashed white centre line.
+    """
+    image = np.empty((160, 320, 3), dtype=np.uint8)
+    image[:60] = (150, 190, 235)
+    image[60:] = (70, 130 + int(rng.integers(-10, 10)), 60)
+    for _ in range(4):
+        y, x = int(rng.integers(70, 160)), int(rng.integers(0, 320))
+        image[y:y + 12, x:x + 30] = (55, 105, 50)
+    rows = np.arange(60, 160)
+    near = (rows - 60) / 100.0  # 0 at the horizon, → 1 at the bonnet
+    centre = 160 + 120 * bend * (1 - near) ** 2
+    half = 6 + 100 * near
+    for y, c, h, s in zip(rows, centre, half, near):
+        lo, hi = int(max(c - h, 0)), int(min(c + h, 320))
+        image[y, lo:hi] = (105, 105, 105)
+        if int(s * 30) % 2 == 0:
+            line = int(1 + 3 * s)
+            image[y, int(c) - line:int(c) + line] = (235, 235, 235)
+    return image
+
+
+def write_curved_road_recording(folder: Path, rows: int = 600, seed: int = 0) -> Recording:
+    """A simulator-format recording (centre camera only, no header) of a road bending left and right.
+
+    The bend follows a smooth random curve in [−1, 1]; the steering label is 0.6 × bend (positive =
+    right, as the simulator), throttle 0.3, speed ≈ 20 mph.
+    """
+    folder = Path(folder)
+    (folder / "IMG").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    t = np.arange(rows)
+    phases, periods = rng.uniform(0, 2 * np.pi, 2), rng.uniform(60, 140, 2)
+    bend = np.clip(0.7 * np.sin(2 * np.pi * t / periods[0] + phases[0]) + 0.4 * np.sin(2 * np.pi * t / periods[1] + phases[1]), -1, 1)
+    actions = np.stack([np.round(0.6 * bend, 4), np.full(rows, 0.3), np.zeros(rows)], axis=1)
+    speed = np.round(20 + rng.normal(0, 0.5, rows), 3)
+    lines = []
+    for row in range(rows):
+        name = f"center_{row:04d}.jpg"
+        cv2.imwrite(str(folder / "IMG" / name), cv2.cvtColor(curved_road_image(float(bend[row]), rng), cv2.COLOR_RGB2BGR))
+        lines.append([str(folder / "IMG" / name), "", "", *(f"{v:g}" for v in actions[row]), f"{speed[row]:g}"])
+    with open(folder / "driving_log.csv", "w", newline="") as handle:
+        csv.writer(handle).writerows(lines)
+    return Recording(folder, actions.astype(np.float32), speed.astype(np.float32), header=False)
