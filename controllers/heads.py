@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from nsacdrive.controllers.actions import ACTION_NAMES, squash
 from nsacdrive.controllers.nsac import (
@@ -128,8 +129,21 @@ class NSACHead(UncertaintyHead):
         return self.predict(tokens, times, samples, generator=generators)  # per-row noise in one pass
 
 
+#: Linear log-σ read-outs (GaussianHead's, Lévy's) are unbounded: near ``gaussian_nll``'s hard clamp
+#: at −10 an NLL term grows as e^{20}·r², and below it gets no gradient back (GMLE and Lévy on the
+#: quality data: training losses of 10³–10⁴ from epoch 5 on). They are floored smoothly at
+#: σ = e^{−4}, which bounds the term and keeps a gradient everywhere.
+LOG_SIGMA_FLOOR = -4.0
+
+
+def smooth_floor(x: torch.Tensor, floor: float) -> torch.Tensor:
+    """floor + softplus(x − floor): ≈ x well above ``floor``, never below it, gradient never 0."""
+    return floor + F.softplus(x - floor)
+
+
 class GaussianHead(nn.Module):
-    """Mean and log-σ read-outs of a feature vector, mean squashed into the action box."""
+    """Mean and log-σ read-outs of a feature vector, mean squashed into the action box, log σ
+    smoothly floored (:data:`LOG_SIGMA_FLOOR`)."""
 
     def __init__(self, features: int) -> None:
         super().__init__()
@@ -137,7 +151,7 @@ class GaussianHead(nn.Module):
         self.log_sigma = nn.Linear(features, N_ACTIONS)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return squash(self.mean(features)), self.log_sigma(features)
+        return squash(self.mean(features)), smooth_floor(self.log_sigma(features), LOG_SIGMA_FLOOR)
 
 
 class GMLEHead(UncertaintyHead):
@@ -164,7 +178,7 @@ class LevyHead(UncertaintyHead):
     Keys are the T frame tokens at index-space time t_f = 1 + timestamp / window (clipped to
     [0, 1]; the newest frame sits at t = 1) with a learned identity vector per frame slot. Mean:
     the deterministic mean path, squashed into the action box. Aleatoric: a per-action log-σ
-    read-out of ā_k. Epistemic: the variance of the squashed actions over K draws of the
+    read-out of ā_k, smoothly floored at log σ = −4 (:data:`LOG_SIGMA_FLOOR`). Epistemic: the variance of the squashed actions over K draws of the
     layer's Poisson sampler (the "K-draw mode": the nonlinear action head sees every draw).
     σ̂ itself (``deviation``) is available from :meth:`signals` for calibration.
     """
@@ -193,8 +207,8 @@ class LevyHead(UncertaintyHead):
     def _mean_and_log_sigma(self, tokens, times):
         key_times, identity = self._keys(tokens, times)
         out = self.actions(tokens, key_times, identity)
-        log_sigma = torch.einsum("bae,ae->ba", out.attention.output, self.log_sigma_weight) + self.log_sigma_bias
-        return squash(out.action), log_sigma, out
+        raw = torch.einsum("bae,ae->ba", out.attention.output, self.log_sigma_weight) + self.log_sigma_bias
+        return squash(out.action), smooth_floor(raw, LOG_SIGMA_FLOOR), out
 
     def signals(self, tokens: torch.Tensor, times: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-action evidence Λ, disagreement trΣ_V and deviation σ̂, [B, 3] each."""

@@ -719,3 +719,16 @@ def test_conformal_coverage_on_exchangeable_data():
     low_g, high_g = gaussian_interval(torch.zeros(20_000), torch.ones(20_000), 0.1)
     z = torch.randn(20_000, generator=g, dtype=torch.float64)
     assert abs(((z >= low_g) & (z <= high_g)).double().mean().item() - 0.9) <= 4 * math.sqrt(0.09 / 20_000)
+
+
+def test_log_sigma_read_outs_are_floored_smoothly_so_they_always_have_a_gradient():
+    """A read-out driven far below the floor stays at σ ≥ e^-4 and still gets a gradient back
+    (a hard clamp gave none, and its NLL term grew as e^20·r²)."""
+    from nsacdrive.controllers.heads import LOG_SIGMA_FLOOR, smooth_floor
+
+    raw = torch.tensor([-30.0, -4.0, 0.0, 3.0], requires_grad=True)
+    floored = smooth_floor(raw, LOG_SIGMA_FLOOR)
+    assert bool((floored >= LOG_SIGMA_FLOOR).all()) and bool((floored[1:] > LOG_SIGMA_FLOOR).all())
+    torch.testing.assert_close(floored[-1], raw[-1], atol=1e-3, rtol=0)  # ≈ identity well above the floor
+    floored.sum().backward()
+    assert bool((raw.grad > 0).all())
