@@ -41,13 +41,14 @@ class ObservationKind:
     preprocess: Callable[[np.ndarray], np.ndarray]
     intro_steps: int
     default_encoder: str
+    env: str  # the recorder's env (``nsacdrive collect --env``) whose camera draws these frames
 
 
 OBSERVATION_KINDS: dict[str, ObservationKind] = {
     "carracing": ObservationKind("carracing", RAW_FRAME_SHAPE, PREPROCESSED_FRAME_SHAPE, preprocess_observation,
-                                 intro_steps=INTRO_STEPS, default_encoder="cnn"),
+                                 intro_steps=INTRO_STEPS, default_encoder="cnn", env="carracing"),
     "udacity": ObservationKind("udacity", UDACITY_RAW_FRAME_SHAPE, UDACITY_FRAME_SHAPE, preprocess_udacity,
-                               intro_steps=0, default_encoder="nvidia"),
+                               intro_steps=0, default_encoder="nvidia", env="udacity-style"),
 }
 
 

@@ -134,6 +134,18 @@ def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run
         Dagger(dataclasses.replace(config, beta0=0.9), tmp_path, progress=False).run()
 
 
+def test_a_front_camera_learner_is_driven_in_the_front_camera_simulator(tmp_path):
+    """A controller trained on front-camera frames collects its rounds where it can see: udacity-style."""
+    run = tiny_run(tmp_path / "bc", seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), observation="udacity")
+    config = DaggerConfig(init=str(run), rounds=1, episodes_per_round=1, epochs_per_round=1, max_steps=40,
+                          max_batches_per_epoch=1, workers=1)
+    Dagger(config, tmp_path / "dagger", progress=False).run()
+    (record,) = load_episode_records(tmp_path / "dagger" / "data" / "round-1", None, "raise")
+    assert record.sidecar["frame_kind"] == "udacity"
+    frames = np.load(record.sidecar_path.with_suffix(".npz"))["observations"]
+    assert frames.shape[1:] == (160, 320, 3)
+
+
 def test_dagger_config_rejects_a_non_positive_learning_rate():
     with pytest.raises(ValueError, match="lr must be > 0"):
         DaggerConfig(init="runs/x", lr=0.0)
