@@ -1,4 +1,4 @@
-"""Colour augmentation on preprocessed RGB frames [B, T, 3, H, W] in [0, 1].
+"""Colour augmentation on preprocessed frames [B, T, 3, H, W]: CarRacing's RGB in [0, 1], Udacity's YUV in [−1, 1].
 
 Robustness to the colour presets (nsacdrive.envs.colours) depends on this, so it is configurable and
 seeded. One set of parameters per sequence (all T frames of a sample get the same
@@ -13,6 +13,10 @@ directions of colour space by U(0.5, 1.5). Road and field in stock frames differ
 so this reaches any pair of road/field colours — brighter road than field, inverted contrast,
 any hue — which a hue rotation around the stock colours never does (strong colour shifts such as
 the ``random`` preset; docs/driving.md#colour-augmentation).
+
+:func:`colour_augment_yuv` applies the same transform to Udacity-kind frames (the front-camera
+simulator paints CarRacing's colours, so the same stock road and field apply): it maps the
+frames back to RGB through cv2's RGB → YUV matrix, recolours, and maps forward again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ _RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.2
 _YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
 _STOCK_ROAD = torch.full((3,), 102 / 255)
 _STOCK_FIELD_MINUS_ROAD = 102 / 255  # the stock field is the road plus this much green
+# cv2's COLOR_RGB2YUV (8-bit): Y = 0.299 R + 0.587 G + 0.114 B, U = 0.492 (B − Y) + 128, V = 0.877 (R − Y) + 128
+_LUMA = torch.tensor([0.299, 0.587, 0.114])
+_RGB_TO_YUV = torch.stack([_LUMA, 0.492 * (torch.tensor([0.0, 0.0, 1.0]) - _LUMA), 0.877 * (torch.tensor([1.0, 0.0, 0.0]) - _LUMA)])
+_YUV_TO_RGB = torch.linalg.inv(_RGB_TO_YUV)
+_YUV_OFFSET = torch.tensor([0.0, 0.5, 0.5])  # 128/256 ≈ 0.5 of the [0, 1] range
 
 
 @dataclass(frozen=True)
@@ -90,3 +99,13 @@ def _wide_recolouring(batch: int, generator: torch.Generator) -> tuple[torch.Ten
     matrix[:, :, 1] = (field - road) / _STOCK_FIELD_MINUS_ROAD  # green carries the road/field contrast
     offset = road - matrix @ _STOCK_ROAD
     return matrix, offset
+
+
+def colour_augment_yuv(frames: torch.Tensor, config: AugmentConfig, generator: torch.Generator) -> torch.Tensor:
+    """:func:`colour_augment` for Udacity-kind frames (YUV scaled to [−1, 1]); same shape, clipped to [−1, 1]."""
+    if config.probability == 0:
+        return frames
+    yuv = (frames + 1) / 2 - _YUV_OFFSET.to(frames)[:, None, None]
+    rgb = torch.einsum("ij,btjhw->btihw", _YUV_TO_RGB.to(frames), yuv).clamp(0.0, 1.0)
+    out = torch.einsum("ij,btjhw->btihw", _RGB_TO_YUV.to(frames), colour_augment(rgb, config, generator))
+    return ((out + _YUV_OFFSET.to(frames)[:, None, None]) * 2 - 1).clamp(-1.0, 1.0)

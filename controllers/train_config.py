@@ -49,7 +49,7 @@ class TrainConfig:
     plateau_patience: int = 2
     early_stopping_patience: int = 5
     grad_clip: float = 10.0
-    augment: AugmentConfig = field(default_factory=AugmentConfig)  # CarRacing observations
+    augment: AugmentConfig = field(default_factory=AugmentConfig)  # colour, every observation kind (batched)
     udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
     perturb_std: float = 0.2  # σ_pert, preprocessed-image units

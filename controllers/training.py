@@ -2,9 +2,10 @@
 
 One epoch visits the training split (track seeds disjoint from validation and test) in the
 order of :class:`nsacdrive.data_collection.dataset.EpisodeGroupedSampler`, augments every sequence the
-way its observation kind needs — CarRacing: recoloured by :func:`nsacdrive.controllers.augment.colour_augment`;
-Udacity: side cameras, flips, shifts, shadows and brightness on the raw frames with the
-steering label adjusted (:func:`nsacdrive.controllers.udacity_augment.augment_sequence`) — and steps
+way its observation kind needs — every kind: recoloured by :func:`nsacdrive.controllers.augment.colour_augment`
+(``augment``; in YUV for Udacity frames, :func:`~nsacdrive.controllers.augment.colour_augment_yuv`);
+Udacity also: side cameras, flips, shifts, shadows and brightness on the raw frames with the
+steering label adjusted (``udacity_augment``, :func:`nsacdrive.controllers.udacity_augment.augment_sequence`) — and steps
 AdamW on the head's loss (heads that need perturbed inputs get frames + N(μ_pert, σ_pert²) in
 preprocessed units — [0, 1] for CarRacing, [−1, 1] for Udacity — with BatchNorm statistics
 frozen for that pass).
@@ -39,7 +40,7 @@ from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
 from nsacdrive.common.versions import check_versions, write_versions
-from nsacdrive.controllers.augment import colour_augment
+from nsacdrive.controllers.augment import colour_augment, colour_augment_yuv
 from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
     LAST_WEIGHTS,
@@ -148,10 +149,9 @@ class Trainer:
         return functools.partial(augment_sequence, config=cfg.udacity_augment)
 
     def _augment_batch(self, frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Per-batch augmentation of preprocessed frames: CarRacing's colour augmentation."""
-        if self.config.model.observation != "carracing":
-            return frames
-        return colour_augment(frames, self.config.augment, generator)
+        """Per-batch colour augmentation of preprocessed frames (CarRacing RGB or Udacity YUV)."""
+        augment = colour_augment_yuv if self.config.model.observation == "udacity" else colour_augment
+        return augment(frames, self.config.augment, generator)
 
     # ------------------------------------------------------------------ persistence
     def save_checkpoint(self, improved: bool) -> None:

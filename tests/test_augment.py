@@ -69,3 +69,37 @@ def test_mild_jitter_keeps_the_stock_road_darker_than_the_field() -> None:
 def test_recolour_outside_the_unit_interval_is_refused(recolour: float) -> None:
     with pytest.raises(ValueError, match="recolour"):
         AugmentConfig(recolour=recolour)
+
+
+# --------------------------------------------------------------------------- Udacity frames (YUV in [−1, 1])
+
+
+def udacity_frames(rgb: torch.Tensor) -> torch.Tensor:
+    """[B, T, 3, H, W] RGB in [0, 1] → the Udacity preprocessing's YUV in [−1, 1], through cv2 itself."""
+    import cv2
+    import numpy as np
+
+    pixels = (rgb.permute(0, 1, 3, 4, 2).numpy() * 255).round().astype(np.uint8)
+    yuv = cv2.cvtColor(pixels.reshape(-1, pixels.shape[-2], 3), cv2.COLOR_RGB2YUV).reshape(pixels.shape)
+    return torch.from_numpy(yuv.astype(np.float32) / 127.5 - 1).permute(0, 1, 4, 2, 3)
+
+
+def test_yuv_augmentation_recolours_as_the_rgb_augmentation_does_before_the_conversion() -> None:
+    """Same generator seed: recolouring the YUV frames = recolouring RGB, then cv2's RGB → YUV, up to
+    cv2's 8-bit rounding on either side (each ±0.5 of 255, amplified by the colour map: a few levels)."""
+    from nsacdrive.controllers.augment import colour_augment_yuv
+
+    rgb = stock_frames(8)
+    rgb[..., :2, :] = torch.tensor((0.2, 0.4, 0.9))[:, None, None]  # a sky-blue band too
+    config = AugmentConfig(probability=1.0, recolour=0.5)
+    through_yuv = colour_augment_yuv(udacity_frames(rgb), config, torch.Generator().manual_seed(5))
+    through_rgb = udacity_frames(colour_augment(rgb, config, torch.Generator().manual_seed(5)))
+    assert (through_yuv - through_rgb).abs().max() < 4 / 127.5
+    assert (through_yuv - udacity_frames(rgb)).abs().max() > 0.2  # it did recolour
+
+
+def test_yuv_augmentation_at_probability_zero_returns_the_frames_unchanged() -> None:
+    from nsacdrive.controllers.augment import colour_augment_yuv
+
+    frames = udacity_frames(stock_frames(2))
+    assert torch.equal(colour_augment_yuv(frames, AugmentConfig(probability=0.0), torch.Generator()), frames)
