@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from nsacdrive.controllers.actions import ACTION_NAMES, squash
 from nsacdrive.controllers.nsac import (
+    LOG_SIGMA_BOUNDS,
     NAC,
     NSAC,
     Generators,
@@ -121,7 +122,7 @@ class NSACHead(UncertaintyHead):
 
     def predict(self, tokens, times, samples, generator: Generators = None):
         out = self.draws(tokens, times, samples, return_internals=True, generator=generator)
-        prediction = decompose(out.mean, out.log_sigma)
+        prediction = decompose(out.mean, out.log_sigma, variance_floor=self.objective.epsilon)  # the loss's variance
         prediction.attention = attention_per_position(out.internals, tokens.shape[1])
         return prediction
 
@@ -169,7 +170,7 @@ class GMLEHead(UncertaintyHead):
 
     def predict(self, tokens, times, samples):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
-        return decompose(mean[None], log_sigma[None])
+        return decompose(mean[None], log_sigma[None].clamp(*LOG_SIGMA_BOUNDS))  # as gaussian_nll clamps it
 
 
 class LevyHead(UncertaintyHead):
@@ -224,7 +225,7 @@ class LevyHead(UncertaintyHead):
         mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)
         key_times, identity = self._keys(tokens, times)
         draws = squash(self.actions.sample(tokens, key_times, identity, draws=max(samples, 2)))
-        aleatoric = torch.exp(2 * log_sigma.clamp(-10.0, 5.0))
+        aleatoric = torch.exp(2 * log_sigma.clamp(*LOG_SIGMA_BOUNDS))  # as gaussian_nll clamps it
         return UncertainPrediction(mean, aleatoric, draws.var(0, unbiased=False))
 
 

@@ -81,7 +81,7 @@ class NSACObjective:
     def __call__(self, clean: NSACOutput, perturbed: NSACOutput, target: torch.Tensor) -> NSACLossTerms:
         mean_bar = clean.mean.mean(0)
         check_targets(mean_bar, target)
-        variance_bar = (torch.exp(2 * clean.log_sigma) + self.epsilon).mean(0)
+        variance_bar = (torch.exp(2 * clean.log_sigma) + self.epsilon).mean(0)  # NSACHead.predict reports this (+ Var_s μ_s)
         spread_id = clean.mean.var(0, unbiased=False)
         if self.include_epistemic:
             variance_bar = variance_bar + spread_id

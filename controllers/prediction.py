@@ -31,8 +31,11 @@ class UncertainPrediction:
                    torch.cat([p.epistemic for p in parts]), attention)
 
 
-def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor) -> UncertainPrediction:
-    """Moments over the draw axis 0 (law of total variance): epistemic = Var(μ_s), aleatoric = E[e^{2ℓ_s}]."""
+def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_floor: float = 0.0) -> UncertainPrediction:
+    """Moments over the draw axis 0 (law of total variance): epistemic = Var(μ_s), aleatoric = E[e^{2ℓ_s} + floor].
+
+    ``variance_floor``: the constant a head's loss adds to every variance (NSAC's ε), so that the
+    reported aleatoric variance is the one the loss was computed with."""
     mean = mean_draws.mean(0)
     epistemic = mean_draws.var(0, unbiased=False) if mean_draws.shape[0] > 1 else torch.zeros_like(mean)
-    return UncertainPrediction(mean, torch.exp(2 * log_sigma_draws).mean(0), epistemic)
+    return UncertainPrediction(mean, torch.exp(2 * log_sigma_draws).mean(0) + variance_floor, epistemic)
