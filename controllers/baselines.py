@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nsacdrive.controllers.actions import squash
+from nsacdrive.controllers.calibration import Calibration, calibrated
 from nsacdrive.controllers.circuit_attention import validate_inputs
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import make_encoder
@@ -161,6 +162,7 @@ class EnsembleController(nn.Module):
                 members.append(Controller(make_encoder(config.encoder), GMLEHead(config.nac_config(), config.nll_beta),
                                           config.encoder.token_dim, config.speed_input))
         self.members = nn.ModuleList(members)
+        self.calibration: Calibration | None = None  # of the mixture (set by load_run), the members have none
 
     def member_parameters(self, k: int) -> Iterator[nn.Parameter]:
         return self.members[k].parameters()
@@ -197,7 +199,7 @@ class EnsembleController(nn.Module):
                        for member, member_tokens in zip(self.members, tokens)]
         means = torch.stack([p.mean for p in predictions])
         variances = torch.stack([p.aleatoric for p in predictions])
-        return UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False))
+        return calibrated(self.calibration, UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False)))
 
     @torch.no_grad()
     def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,

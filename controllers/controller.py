@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from nsacdrive.controllers.calibration import Calibration, calibrated
 from nsacdrive.controllers.heads import UncertaintyHead
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -44,6 +45,7 @@ class Controller(nn.Module):
             raise ValueError("speed_input needs the encoder's token_dim")
         self.encoder = encoder
         self.head = head
+        self.calibration: Calibration | None = None  # set by load_run from RUN/calibration.json; applied to every prediction
         self.tokens_per_frame = int(getattr(encoder, "TOKENS_PER_FRAME", 1))  # encoders that declare none emit one
         self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
 
@@ -105,7 +107,7 @@ class Controller(nn.Module):
             prediction = self.head.predict_episodes(tokens, times, samples, generators)
         if prediction.attention is not None and self.tokens_per_frame > 1:  # per token → per frame
             prediction.attention = prediction.attention.unflatten(1, (-1, self.tokens_per_frame)).sum(-1)
-        return prediction
+        return calibrated(self.calibration, prediction)
 
     @torch.no_grad()
     def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,

@@ -81,12 +81,14 @@ class DriveConfig:
     :param samples: draws per prediction; None: the model's own ``predict_samples``
     :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
     :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
+    :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
     """
 
     max_steps: int = MAX_EPISODE_STEPS
     samples: int | None = None
     throttle_cap: float | None = None
     renderer: str = "fast"
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -323,7 +325,7 @@ def run_episodes(keys: Sequence[EpisodeKey], drive: DriveConfig = DriveConfig(),
     """
     run = _one_run(keys)
     try:
-        policy = ControllerPolicy(run, samples=drive.samples)
+        policy = ControllerPolicy(run, samples=drive.samples, raw=drive.raw)
         policy.reset_episodes(len(keys))
         if on_policy is not None:
             on_policy(policy)
@@ -359,7 +361,7 @@ def run_pipelined(groups: Sequence[Sequence[EpisodeKey]],
 
     run = _one_run([key for keys in groups for key in keys])
     try:
-        server = InferenceProcess(run, drive.samples)
+        server = InferenceProcess(run, drive.samples, raw=drive.raw)
     except Exception as exc:
         return [_unloadable(keys, drive, exc) for keys in groups]
     with server:

@@ -58,10 +58,11 @@ class ControllerPolicy:
     (:meth:`nsacdrive.controllers.heads.UncertaintyHead.predict_episodes`).
     """
 
-    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
-        """``samples``: draws per prediction; None uses the model's own ``predict_samples``."""
+    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu", raw: bool = False) -> None:
+        """``samples``: draws per prediction; None uses the model's own ``predict_samples``; ``raw``:
+        ignore the run's ``calibration.json``."""
         self.run_dir = Path(run_dir)
-        self.model, self.train_config = load_run(self.run_dir, device)
+        self.model, self.train_config = load_run(self.run_dir, device, raw=raw)
         self.samples = samples if samples is not None else self.train_config.model.predict_samples
         self.device = torch.device(device)
         length, stride = self.train_config.sequence_length, self.train_config.frame_stride
@@ -113,9 +114,9 @@ class ControllerAgent(ControllerPolicy):
     source = "controller"
     needs_pixels = True
 
-    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu") -> None:
-        """``samples``: draws per prediction; None uses the model's own ``predict_samples``."""
-        super().__init__(run_dir, samples, device)
+    def __init__(self, run_dir: str | Path, samples: int | None = None, device: str = "cpu", raw: bool = False) -> None:
+        """``samples``: draws per prediction; None uses the model's own ``predict_samples``; ``raw``: see :class:`ControllerPolicy`."""
+        super().__init__(run_dir, samples, device, raw)
         self.frames: deque[np.ndarray] = deque(maxlen=self.history)
         self.agent_id = f"controller:{self.run_dir.name}"
         self.last_prediction: UncertainPrediction | None = None

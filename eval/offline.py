@@ -61,20 +61,23 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
 
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
                  max_samples: int | None = None,
-                 loaded: tuple[torch.nn.Module, TrainConfig] | None = None) -> dict[str, Any]:
+                 loaded: tuple[torch.nn.Module, TrainConfig] | None = None, raw: bool = False) -> dict[str, Any]:
     """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed.
 
     ``loaded``: the run's controller and config from :func:`load_run` when the caller holds them
-    already (the run is then not loaded again)."""
+    already (the run is then not loaded again). The predictions are recalibrated by the run's
+    ``calibration.json`` when it has one, unless ``raw`` (the result's ``calibration`` says which)."""
     if split not in OFFLINE_SPLITS:
         raise ValueError(f"split: expected one of {', '.join(OFFLINE_SPLITS)}, got {split!r}")
-    model, config = loaded if loaded is not None else load_run(run_dir)
+    model, config = loaded if loaded is not None else load_run(run_dir, raw=raw)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
     kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
     conditions = {"clean": "default"}
     if perturbed_preset:
         conditions[perturbed_preset] = perturbed_preset
-    out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {}}
+    calibration = getattr(model, "calibration", None)
+    out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {},
+                           "recalibration": calibration.method if calibration is not None else "none"}
     predictions = {}
     for name, preset in conditions.items():
         dataset = SequenceDataset(data, seeds, colour_presets=[preset], **kw)
@@ -102,7 +105,8 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for condition, report in result["conditions"].items():
             for action in ACTION_NAMES:
                 metrics = report["per_action"][action]
-                row = {"model": result["model"], "run": Path(result["run"]).name, "condition": condition, "action": action}
+                row = {"model": result["model"], "run": Path(result["run"]).name, "recalibration": result["recalibration"],
+                       "condition": condition, "action": action}
                 row.update({m: metrics[m] for m in METRICS})
                 row["ood_auroc"] = result.get("ood_auroc", {}).get(action) if condition != "clean" else None
                 rows.append(row)
@@ -120,7 +124,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
-    columns = ["model", "condition", "action", *METRICS, "ood_auroc"]
+    columns = ["model", *(["recalibration"] if "recalibration" in rows[0] else []), "condition", "action", *METRICS, "ood_auroc"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row, c) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

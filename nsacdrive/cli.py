@@ -118,20 +118,28 @@ def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _load_runs(runs: list[Path]) -> dict[Path, tuple[Any, Any]]:
+def _load_runs(runs: list[Path], raw: bool = False) -> dict[Path, tuple[Any, Any]]:
     """Load every run (config and weights, checked against the architecture) before any driving or
     computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
-    summary later. Returns run → (controller, training config), for work done in this process."""
+    summary later. Says which runs' predictions are recalibrated (``RUN/calibration.json``; never
+    with ``raw``). Returns run → (controller, training config), for work done in this process."""
+    from nsacdrive.controllers.calibration import CALIBRATION_FILE, CalibrationError
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.controllers.run import load_run
 
     loaded = {}
     for run in runs:
         try:
-            loaded[run] = load_run(run)
-        except CheckpointError as exc:
+            loaded[run] = load_run(run, raw=raw)
+        except (CheckpointError, CalibrationError) as exc:
             typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
+        calibration = loaded[run][0].calibration
+        if calibration is not None:
+            typer.echo(f"{run}: applying {CALIBRATION_FILE} ({calibration.method}, fitted on validation tracks "
+                       f"{','.join(map(str, calibration.val_seeds))}; --raw ignores it)")
+        elif raw and (run / CALIBRATION_FILE).exists():
+            typer.echo(f"{run}: --raw: {CALIBRATION_FILE} ignored")
     return loaded
 
 
@@ -337,6 +345,26 @@ def train(
     typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
 
 
+@app.command()
+def calibrate(
+    runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
+    data: Path = typer.Option(..., "--data", help="Dataset folder holding the runs' validation track seeds."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Fit on an evenly spaced subset of at most this many validation sequences."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the prediction draws."),
+) -> None:
+    """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json)."""
+    from nsacdrive.eval.calibrate import calibrate_run
+
+    _load_runs(runs, raw=True)
+    for run in runs:
+        try:
+            summary = calibrate_run(run, data, max_samples, seed)
+        except ValueError as exc:
+            typer.secho(f"error: {run}: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        typer.echo("\n".join(summary.lines()))
+
+
 @app.command("evaluate-offline")
 def evaluate_offline(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
@@ -346,6 +374,7 @@ def evaluate_offline(
     out: Path = typer.Option(Path("runs/offline"), "--out", help="Folder for offline.md / offline.csv / offline.json."),
     train_seeds: int = typer.Option(1, "--train-seeds", min=1, help="Retrain each run with N seeds (seed, seed+1, …) and report mean ± std."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
+    raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean and colour-perturbed."""
     check_output_folder(out)
@@ -354,12 +383,13 @@ def evaluate_offline(
 
     if colour_preset is not None:
         _presets(colour_preset)
-    loaded = _load_runs(runs)
+    loaded = _load_runs(runs, raw=raw)
     try:
         results = []
         for run in runs:
             for repeat in seed_repeats(run, train_seeds):  # the run itself first, then its retrainings
-                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None)))
+                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
+                                            raw=raw))
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -383,6 +413,7 @@ def closed_loop_eval(
     inference: Inference = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
+    raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
     backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
@@ -394,9 +425,9 @@ def closed_loop_eval(
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
-    _load_runs(runs)  # the workers load their own copies (other processes, or one per lockstep group)
+    _load_runs(runs, raw=raw)  # the workers load their own copies (other processes, or one per lockstep group)
     try:
-        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value)
+        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw)
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                             repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                             backend=backend.value, address=address, inference=inference.value)

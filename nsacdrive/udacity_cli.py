@@ -52,6 +52,7 @@ def serve(
     slow_limit: float = typer.Option(10.0, "--slow-limit", help="Throttle law: the limit while over --speed-limit."),
     log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
+    raw: bool = typer.Option(False, "--raw", help="Ignore the run's calibration.json (`nsacdrive calibrate`)."),
 ) -> None:
     """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
     if log is not None:
@@ -66,14 +67,16 @@ def serve(
     logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
     logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
     try:
-        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit), samples)
+        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit), samples, raw)
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     frame_log = FrameLog(log) if log is not None else None
 
     def ready() -> None:
-        typer.echo(f"serving {run} on {host}:{port} (throttle {throttle.value}, log {log or 'off'}); Ctrl-C stops")
+        calibration = handler.agent.model.calibration
+        recalibrated = f"recalibrated by {run}/calibration.json ({calibration.method})" if calibration is not None else "raw uncertainty"
+        typer.echo(f"serving {run} on {host}:{port} (throttle {throttle.value}, log {log or 'off'}, {recalibrated}); Ctrl-C stops")
 
     try:
         serve(handler, host, port, frame_log, ready)

@@ -191,7 +191,8 @@ def test_evaluate_offline_writes_one_table_with_clean_perturbed_and_auroc(datase
         assert set(r["conditions"]) == {"clean", "shift-3"} and r["seeds"] == [2]
         assert 0.0 <= r["ood_auroc"]["steer"] <= 1.0
     csv_lines = (tmp_path / "table" / "offline.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("model,run,condition,action,mse,nll,crps") and len(csv_lines) == 13
+    assert csv_lines[0].startswith("model,run,recalibration,condition,action,mse,nll,crps") and len(csv_lines) == 13
+    assert all(line.split(",")[2] == "none" for line in csv_lines[1:])  # no calibration.json: raw predictions
 
 
 def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):

@@ -144,7 +144,7 @@ class Report:
         presets = [p for p in self.settings.get("colour_presets", []) if p != "default"]
         self.perturbation = config.perturbation or (presets[0] if presets else DEFAULT_PERTURBATION)
         self.chosen = self._chosen_episodes()
-        self.model, self.train_config = load_run(self.run_dir)
+        self.model, self.train_config = load_run(self.run_dir, raw=drive_config(self.eval_dir).raw)  # as the evaluation drove
         self.samples = self.settings.get("samples") or self.train_config.model.predict_samples
         self.drive_settings = drive_config(self.eval_dir, self.samples)  # re-drives drive as the evaluation did
         self.drives: dict[str, Drive] = {}

@@ -191,7 +191,8 @@ class TelemetryHandler:
         self.frame = 0
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, config: ServeConfig | None = None, samples: int | None = None) -> TelemetryHandler:
+    def from_run(cls, run_dir: str | Path, config: ServeConfig | None = None, samples: int | None = None,
+                 raw: bool = False) -> TelemetryHandler:
         """A handler driving with a trained run folder (loaded by :class:`nsacdrive.eval.driver.ControllerAgent`).
 
         Inference runs on one thread: a batch-1 prediction gains nothing from more, and spinning
@@ -201,7 +202,7 @@ class TelemetryHandler:
 
         single_threaded_worker()
 
-        agent = ControllerAgent(run_dir, samples=samples)
+        agent = ControllerAgent(run_dir, samples=samples, raw=raw)
         return cls(agent, observation_kind(agent.train_config.model.observation).raw_shape, agent.model.speed_input, config)
 
     def on_connect(self) -> dict[str, str]:

@@ -1,0 +1,139 @@
+"""Recalibration (``nsacdrive calibrate``): the variance factor, conformal widths, the file, and its use."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from run_fixtures import tiny_run
+from typer.testing import CliRunner
+
+from nsacdrive.cli import app
+from nsacdrive.controllers.calibration import (
+    CALIBRATION_FILE,
+    CalibrationError,
+    data_fingerprint,
+    fit_calibration,
+    read_calibration,
+)
+from nsacdrive.controllers.metrics import gaussian_nll
+from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.controllers.run import load_run
+from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.eval.offline import evaluate_run
+
+
+def overconfident(n: int = 4000, seed: int = 0, factor: tuple[float, ...] = (3.0, 0.5, 1.0)):
+    """Targets whose true std is ``factor`` × the predicted std, per action."""
+    rng = np.random.default_rng(seed)
+    mean = rng.uniform(-0.5, 0.5, (n, 3))
+    std = rng.uniform(0.05, 0.2, (n, 3))
+    target = mean + np.asarray(factor) * std * rng.standard_normal((n, 3))
+    return target, mean, std ** 2
+
+
+def test_the_variance_factor_recovers_a_known_miscalibration_and_maximises_the_likelihood():
+    target, mean, variance = overconfident()
+    calibration = fit_calibration(target, mean, variance, (5,), "x")
+    # E[(y − μ)²/σ²] = factor²; 4000 samples: relative s.e. √(2/4000) ≈ 2.2 %, so 10 % is > 4 s.e.
+    np.testing.assert_allclose(calibration.variance_scale, (9.0, 0.25, 1.0), rtol=0.1)
+    scale = np.asarray(calibration.variance_scale)
+    best = np.asarray(gaussian_nll(target, mean, variance * scale))
+    for nudge in (0.9, 1.1):  # the closed form is the NLL's minimum in s² (per action)
+        assert np.all(best < np.asarray(gaussian_nll(target, mean, variance * scale * nudge)))
+
+
+def test_conformal_widths_cover_their_level_on_fresh_data_from_the_same_distribution():
+    calibration = fit_calibration(*overconfident(seed=1), (5,), "x")
+    target, mean, variance = overconfident(seed=2)
+    sigma = np.sqrt(variance * np.asarray(calibration.variance_scale))
+    for level, widths in calibration.conformal.items():
+        covered = (np.abs(target - mean) <= np.asarray(widths) * sigma).mean(0)
+        # 1 − α ± 4 binomial s.e. over 4000 fresh samples
+        assert np.all(np.abs(covered - (1 - float(level))) < 4 * np.sqrt(0.1 * 0.9 / 4000)), (level, covered)
+
+
+def test_fit_refuses_bad_shapes_non_positive_variances_and_too_few_samples():
+    target, mean, variance = overconfident(n=40)
+    with pytest.raises(ValueError, match=r"\[N, 3\]"):
+        fit_calibration(target[:, :2], mean[:, :2], variance[:, :2], (0,), "x")
+    with pytest.raises(ValueError, match="> 0"):
+        fit_calibration(target, mean, np.zeros_like(variance), (0,), "x")
+    with pytest.raises(ValueError, match="at least 19"):
+        fit_calibration(target[:10], mean[:10], variance[:10], (0,), "x")
+
+
+def test_apply_scales_both_variance_parts_and_keeps_the_mean():
+    calibration = fit_calibration(*overconfident(), (5,), "x")
+    prediction = UncertainPrediction(torch.zeros(2, 3), torch.full((2, 3), 0.01), torch.full((2, 3), 0.002))
+    out = calibration.apply(prediction)
+    scale = torch.tensor(calibration.variance_scale, dtype=torch.float32)
+    assert torch.equal(out.mean, prediction.mean)
+    torch.testing.assert_close(out.aleatoric, 0.01 * scale.expand(2, 3))
+    torch.testing.assert_close(out.epistemic, 0.002 * scale.expand(2, 3))
+
+
+def test_the_fingerprint_ignores_order_and_sees_any_change():
+    assert data_fingerprint(["a", "b"]) == data_fingerprint(["b", "a"]) != data_fingerprint(["a", "c"])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("calibrate"), seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), batches=2)
+
+
+def test_calibrate_writes_the_fit_and_every_loader_applies_it_unless_raw(run):
+    data = run.parent / "data"
+    result = CliRunner().invoke(app, ["calibrate", str(run), "--data", str(data)])
+    assert result.exit_code == 0, result.output
+    assert "calibration.json" in result.output and "s²" in result.output
+    saved = json.loads((run / CALIBRATION_FILE).read_text())
+    assert saved["method"] == "variance-scaling" and saved["val_seeds"] == [2]
+    episodes = SequenceDataset(data, [2], colour_presets=["default"]).episodes
+    assert saved["data_fingerprint"] == data_fingerprint([e.sidecar["sha256"] for e in episodes])
+
+    raw_model, _ = load_run(run, raw=True)
+    model, _ = load_run(run)
+    assert raw_model.calibration is None and model.calibration == read_calibration(run)
+    frames, times = torch.rand(2, 4, 3, 84, 96), torch.linspace(-0.12, 0.0, 4).expand(2, 4)
+    torch.manual_seed(0)
+    raw = raw_model.predict(frames, times, samples=4)
+    torch.manual_seed(0)
+    recalibrated = model.predict(frames, times, samples=4)
+    scale = torch.tensor(saved["variance_scale"], dtype=torch.float32)
+    torch.testing.assert_close(recalibrated.aleatoric, raw.aleatoric * scale)
+    assert evaluate_run(run, data, "val")["recalibration"] == "variance-scaling"
+    assert evaluate_run(run, data, "val", raw=True)["recalibration"] == "none"
+    offline = CliRunner().invoke(app, ["evaluate-offline", str(run), "--data", str(data), "--split", "val",
+                                       "--out", str(run.parent / "offline")])
+    assert "applying calibration.json" in offline.output and "variance-scaling" in (run.parent / "offline" / "offline.md").read_text()
+
+
+def test_a_broken_calibration_file_is_named_with_its_field(run, tmp_path):
+    import shutil
+
+    broken = tmp_path / "run"
+    shutil.copytree(run, broken)
+    saved = json.loads((run / CALIBRATION_FILE).read_text()) if (run / CALIBRATION_FILE).exists() else None
+    (broken / CALIBRATION_FILE).write_text(json.dumps({**(saved or {"method": "variance-scaling", "actions": ["steer", "gas", "brake"]}),
+                                                       "variance_scale": [1.0, -2.0, 1.0]}))
+    with pytest.raises(CalibrationError, match="variance_scale must be 3 positive numbers"):
+        load_run(broken)
+    assert load_run(broken, raw=True)[0].calibration is None
+
+
+def test_closed_loop_logs_recalibrated_variances_unless_raw(run):
+    """Same episode twice: the steps and actions are identical (the mean is untouched), the logged
+    variances differ by exactly the fitted factors."""
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+
+    if not (run / CALIBRATION_FILE).exists():
+        CliRunner().invoke(app, ["calibrate", str(run), "--data", str(run.parent / "data")])
+    key = EpisodeKey(str(run), "default", 5, 0)
+    _, calibrated_log = run_episode(key, DriveConfig(max_steps=30))
+    _, raw_log = run_episode(key, DriveConfig(max_steps=30, raw=True))
+    np.testing.assert_array_equal(calibrated_log["executed_action"], raw_log["executed_action"])
+    scale = np.asarray(read_calibration(run).variance_scale, dtype=np.float32)
+    np.testing.assert_allclose(calibrated_log["aleatoric"], raw_log["aleatoric"] * scale, rtol=1e-6)
