@@ -184,6 +184,8 @@ class SequenceDataset(Dataset):
     observation kind (frames and preprocessing, :mod:`nsacdrive.envs.observation_kinds`); ``skip_intro``
     defaults to that kind's intro steps. ``augment`` (training only) rewrites each sample's raw
     frames and labels with a generator seeded from (:meth:`reseed`'s seed, sample index).
+    ``corruption(frame, track seed, step)`` (evaluation) rewrites every raw frame, e.g. a
+    :class:`nsacdrive.envs.corruptions.CorruptionSpec`.
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class SequenceDataset(Dataset):
         colour_presets: Iterable[str] | None = None,
         observation: str = DEFAULT_FRAME_KIND,
         augment: SequenceAugment | None = None,
+        corruption: Callable[[np.ndarray, int, int], np.ndarray] | None = None,
     ) -> None:
         self.kind = observation_kind(observation, "SequenceDataset observation")
         skip_intro = self.kind.intro_steps if skip_intro is None else skip_intro
@@ -213,6 +216,7 @@ class SequenceDataset(Dataset):
         self.on_error = on_error
         self.augment = augment
         self.augment_seed = 0
+        self.corruption = corruption
         self.episodes = load_episode_records(self.roots, seeds, on_error, colour_presets)
         for record in self.episodes:
             if frame_kind_of(record.sidecar) != self.kind.name:
@@ -265,6 +269,9 @@ class SequenceDataset(Dataset):
         else:
             rng = np.random.default_rng([self.augment_seed, item])
             frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng)
+        if self.corruption is not None:  # each frame by (track seed, its step): overlapping sequences agree
+            seed = int(self.episodes[episode].sidecar["track_seed"])
+            frames = np.stack([self.corruption(frame, seed, int(s)) for frame, s in zip(frames, steps)])
         return {
             "frames": torch.from_numpy(self.kind.preprocess(frames)),
             "action": torch.from_numpy(labels[-1].copy()),

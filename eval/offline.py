@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from nsacdrive.controllers.metrics import ood_auroc, regression_report
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.envs.corruptions import CorruptionSpec
 from nsacdrive.eval.modes import OFFLINE_SPLITS
 
 METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
@@ -61,26 +63,30 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
 
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
                  max_samples: int | None = None,
-                 loaded: tuple[torch.nn.Module, TrainConfig] | None = None, raw: bool = False) -> dict[str, Any]:
+                 loaded: tuple[torch.nn.Module, TrainConfig] | None = None, raw: bool = False,
+                 corruptions: Sequence[CorruptionSpec] = ()) -> dict[str, Any]:
     """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed.
 
     ``loaded``: the run's controller and config from :func:`load_run` when the caller holds them
     already (the run is then not loaded again). The predictions are recalibrated by the run's
-    ``calibration.json`` when it has one, unless ``raw`` (the result's ``calibration`` says which)."""
+    ``calibration.json`` when it has one, unless ``raw`` (the result's ``recalibration`` says which).
+    ``corruptions``: also each of these on the clean episodes, one condition per ``FAMILY-SEVERITY``;
+    ``ood_auroc_conditions`` holds the AUROC of the predictive std, clean against every other condition."""
     if split not in OFFLINE_SPLITS:
         raise ValueError(f"split: expected one of {', '.join(OFFLINE_SPLITS)}, got {split!r}")
     model, config = loaded if loaded is not None else load_run(run_dir, raw=raw)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
     kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
-    conditions = {"clean": "default"}
+    conditions: dict[str, tuple[str, CorruptionSpec | None]] = {"clean": ("default", None)}
     if perturbed_preset:
-        conditions[perturbed_preset] = perturbed_preset
+        conditions[perturbed_preset] = (perturbed_preset, None)
+    conditions.update({spec.name: ("default", spec) for spec in corruptions})
     calibration = getattr(model, "calibration", None)
     out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {},
                            "recalibration": calibration.method if calibration is not None else "none"}
     predictions = {}
-    for name, preset in conditions.items():
-        dataset = SequenceDataset(data, seeds, colour_presets=[preset], **kw)
+    for name, (preset, corruption) in conditions.items():
+        dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, **kw)
         if len(dataset) == 0:
             raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
                              f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
@@ -91,10 +97,17 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
         predictions[name] = pred
         report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
         out["conditions"][name] = {"samples": len(pred.target), **report}
+    clean = predictions["clean"]
+    out["ood_auroc_conditions"] = {name: _auroc(clean, shifted) for name, shifted in predictions.items() if name != "clean"}
     if perturbed_preset:
-        clean, shifted = predictions["clean"], predictions[perturbed_preset]
-        out["ood_auroc"] = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
-        out["ood_auroc"]["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
+        out["ood_auroc"] = out["ood_auroc_conditions"][perturbed_preset]
+    return out
+
+
+def _auroc(clean: Predictions, shifted: Predictions) -> dict[str, float]:
+    """AUROC of the predictive std, clean (negative) against shifted (positive), per action and of the mean std."""
+    out = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
+    out["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
     return out
 
 
@@ -108,7 +121,7 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row = {"model": result["model"], "run": Path(result["run"]).name, "recalibration": result["recalibration"],
                        "condition": condition, "action": action}
                 row.update({m: metrics[m] for m in METRICS})
-                row["ood_auroc"] = result.get("ood_auroc", {}).get(action) if condition != "clean" else None
+                row["ood_auroc"] = result.get("ood_auroc_conditions", {}).get(condition, {}).get(action)
                 rows.append(row)
     return rows
 

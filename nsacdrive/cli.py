@@ -74,7 +74,7 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Inspect demonstration datasets.", no_args_is_help=True)
 expert_app = typer.Typer(help="The privileged experts (teachers).", no_args_is_help=True)
-env_app = typer.Typer(help="Environment facts: colour presets, track geometry.", no_args_is_help=True)
+env_app = typer.Typer(help="Environment facts: colour presets, corruption families, track geometry.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(expert_app, name="expert")
 app.add_typer(env_app, name="env")
@@ -375,21 +375,28 @@ def evaluate_offline(
     train_seeds: int = typer.Option(1, "--train-seeds", min=1, help="Retrain each run with N seeds (seed, seed+1, …) and report mean ± std."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
+    corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... (`nsacdrive env corruptions`)."),
 ) -> None:
-    """One table of uncertainty metrics per action and model, clean and colour-perturbed."""
+    """One table of uncertainty metrics per action and model, clean, colour-perturbed and corrupted."""
     check_output_folder(out)
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
 
+    from nsacdrive.envs.corruptions import parse_corruptions
+
     if colour_preset is not None:
         _presets(colour_preset)
+    try:
+        specs = parse_corruptions(corruptions) if corruptions is not None else []
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     loaded = _load_runs(runs, raw=raw)
     try:
         results = []
         for run in runs:
             for repeat in seed_repeats(run, train_seeds):  # the run itself first, then its retrainings
                 results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
-                                            raw=raw))
+                                            raw=raw, corruptions=specs))
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -568,6 +575,14 @@ def env_presets(seed: int = typer.Option(42, "--seed", help="Track seed used to 
         s = resolve_colour_scheme(resolved, seed)
         fmt = lambda c: "(" + ",".join(f"{v:.0f}" for v in c) + ")"  # noqa: E731
         typer.echo(f"{resolved:<10}{fmt(s.road):>22}{fmt(s.background):>22}{fmt(s.grass):>22}")
+
+
+@env_app.command("corruptions")
+def env_corruptions() -> None:
+    """List the held-out corruption families (one per line, name first; use as FAMILY-SEVERITY, severity 1-5)."""
+    from nsacdrive.envs.corruptions import describe_families
+
+    typer.echo("\n".join(describe_families()))
 
 
 if __name__ == "__main__":
