@@ -24,6 +24,7 @@ import cv2
 import numpy as np
 
 SEVERITIES = (1, 2, 3, 4, 5)
+NO_CORRUPTION = "none"  # the uncorrupted frames, where a list of corruptions is asked for
 Frame = np.ndarray  # (H, W, 3) uint8 RGB
 
 

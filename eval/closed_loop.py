@@ -50,6 +50,7 @@ from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
@@ -67,10 +68,12 @@ class EpisodeKey:
     colour_preset: str
     track_seed: int
     repeat: int
+    corruption: str = NO_CORRUPTION  # a FAMILY-SEVERITY of nsacdrive.envs.corruptions on the controller's frames
 
     @property
     def episode_id(self) -> str:
-        return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}"
+        suffix = "" if self.corruption == NO_CORRUPTION else f"_{self.corruption}"
+        return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class EpisodeRecord:
     mean_speed: float = math.nan
     mean_steer_std: float = math.nan
     clip_rate: float = math.nan
+    corruption: str = NO_CORRUPTION
 
     @property
     def driving_score(self) -> float:
@@ -143,6 +147,14 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
               "expert_action", "aleatoric", "epistemic", "attention")
+
+
+def corruption_of(name: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
+    """The frame transform of corruption ``name`` (``none``: the frame itself)."""
+    if name == NO_CORRUPTION:
+        return lambda frame, seed, step: frame
+    (spec,) = parse_corruptions(name, "corruption")
+    return spec
 
 
 def episode_generator(key: EpisodeKey) -> torch.Generator:
@@ -172,11 +184,12 @@ class EpisodeDrive:
         self.error: str | None = None
         self.traceback = ""
         self.env: Any = None
+        self.corrupt = corruption_of(key.corruption)
         if observation is None:
             return
         try:
             self.env = make_env_for(observation, key.colour_preset, drive.max_steps, drive.renderer)
-            self.observation, _ = self.env.reset(seed=key.track_seed)
+            self.observation = self.corrupt(self.env.reset(seed=key.track_seed)[0], key.track_seed, 0)
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
             self.expert.reset()
@@ -214,7 +227,8 @@ class EpisodeDrive:
             log["lateral_error"].append(state.lateral_error)
             log["heading_error"].append(state.heading_error)
             log["progress"].append(state.progress)
-            self.observation, reward, self.terminated, self.truncated, self.info = self.env.step(executed)
+            observation, reward, self.terminated, self.truncated, self.info = self.env.step(executed)
+            self.observation = self.corrupt(observation, self.key.track_seed, len(log["speed"]))
             self.score += float(reward)
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
@@ -226,7 +240,8 @@ class EpisodeDrive:
         if self.env is not None:
             self.env.close()
         if self.error is not None:
-            record = EpisodeRecord(key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=True, reason=self.error)
+            record = EpisodeRecord(key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=True, reason=self.error,
+                                   corruption=key.corruption)
             return record, {"traceback": np.array(self.traceback)}
         arrays = {name: np.asarray(values, dtype=np.float32) for name, values in self.log.items()}
         base = self.env.unwrapped
@@ -244,6 +259,7 @@ class EpisodeDrive:
             mean_speed=float(arrays["speed"].mean()),
             mean_steer_std=float(np.sqrt(arrays["aleatoric"][:, 0] + arrays["epistemic"][:, 0]).mean()),
             clip_rate=float(np.mean(np.any(np.abs(raw - np.clip(raw, [-1, 0, 0], [1, 1, 1])) > 0, axis=1))) if len(raw) else 0.0,
+            corruption=key.corruption,
         )
         return record, arrays
 
@@ -456,7 +472,7 @@ def _groups_worker(task: GroupsTask) -> int:
         results = [run_episodes(keys, task.drive) for keys in groups]
     folder = Path(task.out_dir) / "episodes"
     for keys, group_results in zip(groups, results):
-        group = [[k.colour_preset, k.track_seed, k.repeat] for k in keys]
+        group = [[k.colour_preset, k.track_seed, k.repeat, k.corruption] for k in keys]
         for key, (record, arrays) in zip(keys, group_results):
             if (folder / f"{key.episode_id}.json").exists():
                 continue  # finished before a resume; the group re-drives it identically
@@ -470,20 +486,22 @@ def _groups_worker(task: GroupsTask) -> int:
 
 
 def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, Any]]:
-    """Per (model, run, preset): success mean ± std over evaluation runs and the other aggregates.
+    """Per (model, run, preset, corruption): success mean ± std over evaluation runs and the other aggregates.
 
     Episode ``repeat`` k belongs to evaluation run k // ``trials`` (each run pools its trials)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["model"], Path(r["run"]).name, r["colour_preset"]), []).append(r)
+        key = (r["model"], Path(r["run"]).name, r["colour_preset"], r.get("corruption", NO_CORRUPTION))
+        groups.setdefault(key, []).append(r)
     rows = []
-    for (model, run, preset), items in sorted(groups.items()):
+    for (model, run, preset, corruption), items in sorted(groups.items()):
         runs = sorted({r["repeat"] // trials for r in items})
         per_run = [np.mean([r["lap_finished"] for r in items if r["repeat"] // trials == k]) for k in runs]
         scores = np.array([r["score"] for r in items])
         ok = [r for r in items if not r["failed"]]
         rows.append({
-            "model": model, "run": run, "colour_preset": preset, "episodes": len(items), "failed": len(items) - len(ok),
+            "model": model, "run": run, "colour_preset": preset, "corruption": corruption,
+            "episodes": len(items), "failed": len(items) - len(ok),
             "success_mean": float(np.mean(per_run)), "success_std": float(np.std(per_run)),
             "score_ge_900": float(np.mean(scores >= 900)), "score_ge_860": float(np.mean(scores >= 860)),
             "score_mean": float(scores.mean()),
@@ -510,6 +528,9 @@ class EvalConfig:
     :param runs: training run folders (their folder names must differ: episode ids use them)
     :param seeds: track seeds, the same for every run (paired episodes)
     :param colour_presets: colour presets, each driven on every seed
+    :param corruptions: ``none`` and/or ``FAMILY-SEVERITY`` corruptions of the controller's frames
+        (:mod:`nsacdrive.envs.corruptions`; the expert and the logs see the true state), each driven
+        under every preset on every seed
     :param repeats: evaluation runs
     :param trials: episodes per (seed, preset) in each evaluation run
     :param drive: how every episode is driven (horizon, draws, throttle cap, renderer)
@@ -529,6 +550,7 @@ class EvalConfig:
     runs: tuple[str, ...]
     seeds: tuple[int, ...]
     colour_presets: tuple[str, ...] = ("default",)
+    corruptions: tuple[str, ...] = (NO_CORRUPTION,)
     repeats: int = 1
     trials: int = 1
     drive: DriveConfig = field(default_factory=DriveConfig)
@@ -541,13 +563,15 @@ class EvalConfig:
     resolved_inference: str = field(init=False)
 
     #: the fields that define the episodes; the others only choose where and how fast they run
-    EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "repeats", "trials", "drive", "batch")
+    EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "corruptions", "repeats", "trials", "drive",
+                                                 "batch")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runs", tuple(str(Path(run)) for run in self.runs))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
-        for name in ("runs", "seeds", "colour_presets"):
+        object.__setattr__(self, "corruptions", tuple(self.corruptions))
+        for name in ("runs", "seeds", "colour_presets", "corruptions"):
             if not getattr(self, name):
                 raise ValueError(f"evaluation config {name}: give at least one")
         _distinct("run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
@@ -555,6 +579,9 @@ class EvalConfig:
         _distinct("colour_presets", self.colour_presets)
         for preset in self.colour_presets:
             validate_preset(preset)
+        _distinct("corruptions", self.corruptions)
+        for corruption in self.corruptions:
+            corruption_of(corruption)  # a ValueError naming it, now rather than in a worker
         for name in ("repeats", "trials", "batch", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"evaluation config {name} must be >= 1, got {getattr(self, name)}")
@@ -566,8 +593,8 @@ class EvalConfig:
 
     def keys(self) -> list[EpisodeKey]:
         """Every episode, in the order lockstep groups are cut from (:func:`batch_groups`)."""
-        return [EpisodeKey(run, preset, seed, repeat) for run in self.runs for preset in self.colour_presets
-                for seed in self.seeds for repeat in range(self.repeats * self.trials)]
+        return [EpisodeKey(run, preset, seed, repeat, corruption) for run in self.runs for preset in self.colour_presets
+                for corruption in self.corruptions for seed in self.seeds for repeat in range(self.repeats * self.trials)]
 
 
 def _write_summary(out_dir: Path, records: list[dict[str, Any]]) -> None:
@@ -616,6 +643,7 @@ def evaluate_closed_loop(config: EvalConfig, out_dir: Path, resume: bool = False
     rows = aggregate(records, config.trials)
     atomic_write_json(out_dir / "aggregates.json", {
         "aggregates": rows, **asdict(config.drive), "seeds": list(config.seeds), "colour_presets": list(config.colour_presets),
+        "corruptions": list(config.corruptions),
         "repeats": config.repeats, "trials": config.trials, "batch": config.batch, "inference": inference,
     })
     write_versions(out_dir)

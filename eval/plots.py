@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from nsacdrive.common.atomic import atomic_path
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
-from nsacdrive.eval.results import group_label, load_aggregates, load_episode, load_records
+from nsacdrive.eval.results import condition_label, group_label, load_aggregates, load_episode, load_records
 
 ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LIMITS = ((-1.0, 1.0), (0.0, 1.0), (0.0, 1.0))
@@ -203,10 +203,10 @@ def write_evaluation_figures(eval_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], title: str) -> Figure:
-    """Grouped by colour preset, one colour per controller: success bars with std error bars,
-    and box plots of the episode scores with every episode as a dot."""
+    """Grouped by condition (colour preset, and corruption if any), one colour per controller: success
+    bars with std error bars, and box plots of the episode scores with every episode as a dot."""
     rows = settings["aggregates"]
-    presets = list(dict.fromkeys(r["colour_preset"] for r in rows))
+    presets = list(dict.fromkeys(condition_label(r) for r in rows))
     labels = sorted({group_label(r) for r in rows})
     width = 0.8 / len(labels)
     fig = new_figure(figsize=(max(8.0, 2.5 * len(presets) * len(labels) ** 0.5 + 4), 5))
@@ -214,11 +214,11 @@ def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], t
     jitter = np.random.default_rng(0)
     for i, label in enumerate(labels):
         offset = (i - (len(labels) - 1) / 2) * width
-        mine = {r["colour_preset"]: r for r in rows if group_label(r) == label}
+        mine = {condition_label(r): r for r in rows if group_label(r) == label}
         x = [p + offset for p, preset in enumerate(presets) if preset in mine]
         success_ax.bar(x, [mine[p]["success_mean"] for p in presets if p in mine], width * 0.9,
                        yerr=[mine[p]["success_std"] for p in presets if p in mine], capsize=3, color=f"C{i}", label=label)
-        scores = [np.array([r["score"] for r in records if group_label(r) == label and r["colour_preset"] == p])
+        scores = [np.array([r["score"] for r in records if group_label(r) == label and condition_label(r) == p])
                   for p in presets if p in mine]
         boxes = score_ax.boxplot(scores, positions=x, widths=width * 0.8, showfliers=False, patch_artist=True,
                                    medianprops={"color": "black"})

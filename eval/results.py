@@ -75,6 +75,13 @@ def _read_json(path: Path, missing: str = "episode record not found") -> dict[st
         raise EvaluationError(f"{path}: not valid JSON ({exc})") from None
 
 
+def condition_label(record: dict[str, Any]) -> str:
+    """The conditions an episode or aggregate row was driven under: its colour preset, plus its
+    corruption when it has one (``default+fog-3``; records from before corruptions have none)."""
+    corruption = record.get("corruption", "none")
+    return record["colour_preset"] if corruption == "none" else f"{record['colour_preset']}+{corruption}"
+
+
 def group_label(record: dict[str, Any]) -> str:
     """How a controller is named in figures: its model and run folder (two runs may share a model).
 

@@ -70,9 +70,11 @@ def redrive_episode(eval_dir: Path, episode_id: str, samples: int | None = None,
     """
     record, logged = load_episode(Path(eval_dir), episode_id)
     run_dir = str(run if run is not None else record["run"])
-    group = record.get("batch_group", [[record["colour_preset"], record["track_seed"], record["repeat"]]])
-    keys = [EpisodeKey(run_dir, preset, int(seed), int(repeat)) for preset, seed, repeat in group]
-    row = keys.index(EpisodeKey(run_dir, record["colour_preset"], int(record["track_seed"]), int(record["repeat"])))
+    corruption = record.get("corruption", "none")
+    group = record.get("batch_group", [[record["colour_preset"], record["track_seed"], record["repeat"], corruption]])
+    # [preset, seed, repeat(, corruption)]: groups recorded before corruptions have three entries
+    keys = [EpisodeKey(run_dir, entry[0], int(entry[1]), int(entry[2]), *entry[3:]) for entry in group]
+    row = keys.index(EpisodeKey(run_dir, record["colour_preset"], int(record["track_seed"]), int(record["repeat"]), corruption))
     frames: list[np.ndarray] = []
     results = run_episodes(keys, drive_config(Path(eval_dir), samples),
                            on_frame=lambda i, frame: frames.append(np.array(frame)) if i == row else None,

@@ -421,6 +421,7 @@ def closed_loop_eval(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
+    corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY (`nsacdrive env corruptions`), or all."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
     backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
@@ -428,6 +429,7 @@ def closed_loop_eval(
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
+    from nsacdrive.envs.corruptions import parse_corruptions
     from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
@@ -435,8 +437,10 @@ def closed_loop_eval(
     _load_runs(runs, raw=raw)  # the workers load their own copies (other processes, or one per lockstep group)
     try:
         drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw)
+        corruptions = tuple(s.name for s in parse_corruptions("all")) if corruption.strip() == "all" else \
+            tuple(c.strip() for c in corruption.split(","))
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
-                            repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
+                            corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                             backend=backend.value, address=address, inference=inference.value)
         rows = evaluate_closed_loop(config, out, resume=resume)
     except SettingsChanged as exc:
@@ -445,10 +449,12 @@ def closed_loop_eval(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     width = max(len(f"{r['run']} ({r['model']})") for r in rows) + 2
-    typer.echo(f"{'run (model)':<{width}}{'preset':<10}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}"
+    condition = lambda r: r["colour_preset"] if r["corruption"] == "none" else f"{r['colour_preset']}+{r['corruption']}"  # noqa: E731
+    cw = max(10, *(len(condition(r)) + 1 for r in rows))
+    typer.echo(f"{'run (model)':<{width}}{'preset':<{cw}}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}"
                f"{'score':>8}{'|lat|':>7}{'DS':>6}")
     for r in rows:
-        typer.echo(f"{r['run'] + ' (' + r['model'] + ')':<{width}}{r['colour_preset']:<10}{r['episodes']:>9}{r['failed']:>7}"
+        typer.echo(f"{r['run'] + ' (' + r['model'] + ')':<{width}}{condition(r):<{cw}}{r['episodes']:>9}{r['failed']:>7}"
                    f"{100 * r['success_mean']:>9.0f}% ± {100 * r['success_std']:<3.0f}{100 * r['score_ge_900']:>6.0f}%"
                    f"{100 * r['score_ge_860']:>6.0f}%{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
     typer.echo(f"per-step logs and summary → {out}")

@@ -144,3 +144,37 @@ def test_evaluate_offline_adds_one_condition_per_corruption_with_its_auroc(run, 
     bad = CliRunner().invoke(app, ["evaluate-offline", str(run), "--data", str(run.parent / "data"), "--corruptions", "fog-9",
                                    "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "fog-9" in bad.output
+
+
+# --------------------------------------------------------------------------- closed loop
+
+
+def test_closed_loop_drives_each_corruption_as_its_own_condition(run, tmp_path):
+    import json
+
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, EvalConfig, evaluate_closed_loop
+
+    config = EvalConfig(runs=[str(run)], seeds=[5], corruptions=("none", "lens-dirt-5"), drive=DriveConfig(max_steps=40))
+    rows = evaluate_closed_loop(config, tmp_path / "eval", progress=False)
+    assert [(r["colour_preset"], r["corruption"]) for r in rows] == [("default", "lens-dirt-5"), ("default", "none")]
+    clean, dirty = EpisodeKey(str(run), "default", 5, 0), EpisodeKey(str(run), "default", 5, 0, "lens-dirt-5")
+    assert dirty.episode_id == clean.episode_id + "_lens-dirt-5"
+    record = json.loads((tmp_path / "eval" / "episodes" / f"{dirty.episode_id}.json").read_text())
+    assert record["corruption"] == "lens-dirt-5" and record["steps"] == 40
+    clean_log = np.load(tmp_path / "eval" / "episodes" / f"{clean.episode_id}.npz")
+    dirty_log = np.load(tmp_path / "eval" / "episodes" / f"{dirty.episode_id}.npz")
+    assert not np.array_equal(clean_log["raw_action"], dirty_log["raw_action"])  # the controller saw other frames
+    evaluate_closed_loop(config, tmp_path / "again", progress=False)  # the same groups: bit for bit (deterministic in (seed, step))
+    again = np.load(tmp_path / "again" / "episodes" / f"{dirty.episode_id}.npz")
+    np.testing.assert_array_equal(again["raw_action"], dirty_log["raw_action"])
+    settings = json.loads((tmp_path / "eval" / "aggregates.json").read_text())
+    assert settings["corruptions"] == ["none", "lens-dirt-5"]
+    with pytest.raises(ValueError, match="fog-9"):
+        EvalConfig(runs=[str(run)], seeds=[5], corruptions=("fog-9",))
+
+
+def test_eval_command_takes_corruptions_and_names_them_in_its_table(run, tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(run), "--seeds", "5", "--max-steps", "20", "--workers", "1",
+                                      "--corruption", "none,jpeg-5", "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    assert "default+jpeg-5" in result.output

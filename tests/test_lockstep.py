@@ -108,7 +108,7 @@ def test_evaluation_is_the_same_for_any_worker_count_and_records_its_group(nsac_
         one, two = (np.load(tmp_path / d / "episodes" / f"{name}.npz") for d in ("one", "two"))
         assert np.array_equal(one["executed_action"], two["executed_action"])
     record = json.loads((tmp_path / "one" / "episodes" / "run_default_seed000004_r0.json").read_text())
-    assert record["batch_group"] == [["default", 3, 0], ["default", 4, 0]]
+    assert record["batch_group"] == [["default", 3, 0, "none"], ["default", 4, 0, "none"]]  # preset, seed, repeat, corruption
     assert json.loads((tmp_path / "one" / "aggregates.json").read_text())["batch"] == 2
     with pytest.raises(ValueError, match="evaluation config batch must be >= 1, got 0"):
         dataclasses.replace(config, batch=0)

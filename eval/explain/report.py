@@ -81,7 +81,7 @@ from nsacdrive.eval.results import EvaluationError, choose_episodes, drive_confi
 from nsacdrive.eval.video import redrive_episode
 
 DEFAULT_PERTURBATION = "shift-3"
-AGGREGATE_COLUMNS = ("model", "run", "colour_preset", "episodes", "failed", "success_mean", "success_std", "score_ge_900",
+AGGREGATE_COLUMNS = ("model", "run", "colour_preset", "corruption", "episodes", "failed", "success_mean", "success_std", "score_ge_900",
                      "score_ge_860", "score_mean", "mean_abs_lateral_error", "driving_score")
 CSS = """
 body { font-family: sans-serif; max-width: 1250px; margin: 1em auto; padding: 0 1em; color: #222; line-height: 1.4; }
@@ -204,7 +204,8 @@ class Report:
     def _logged(self, record: dict[str, Any], preset: str) -> str | None:
         """The finished episode of ``record``'s track and repeat under ``preset``, if the evaluation has one."""
         for r in self.mine:
-            if (r["colour_preset"], r["track_seed"], r["repeat"]) == (preset, record["track_seed"], record["repeat"]) and not r["failed"]:
+            same = (r["colour_preset"], r["track_seed"], r["repeat"]) == (preset, record["track_seed"], record["repeat"])
+            if same and r.get("corruption", "none") == "none" and not r["failed"]:
                 return r["episode_id"]
         return None
 
