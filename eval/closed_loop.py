@@ -50,9 +50,9 @@ from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
+from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy

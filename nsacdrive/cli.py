@@ -380,9 +380,8 @@ def evaluate_offline(
     """One table of uncertainty metrics per action and model, clean, colour-perturbed and corrupted."""
     check_output_folder(out)
     from nsacdrive.controllers.checkpoint import CheckpointError
-    from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
-
     from nsacdrive.envs.corruptions import parse_corruptions
+    from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
 
     if colour_preset is not None:
         _presets(colour_preset)
