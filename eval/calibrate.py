@@ -21,8 +21,9 @@ from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.calibration import Calibration, data_fingerprint, fit_calibration, write_calibration
 from nsacdrive.controllers.metrics import gaussian_nll, mace
 from nsacdrive.controllers.run import load_run
+from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
-from nsacdrive.eval.offline import Predictions, predict_split
+from nsacdrive.eval.offline import Predictions, evenly_spaced, predict_split
 
 
 @dataclass(frozen=True)
@@ -42,20 +43,21 @@ class CalibrationSummary:
         return out
 
 
-def calibrate_run(run_dir: str | Path, data: str | Path, max_samples: int | None = None, seed: int = 0) -> CalibrationSummary:
-    """Fit and write ``run_dir``'s calibration on its validation split of ``data``."""
+def calibrate_run(run_dir: str | Path, data: str | Path, max_samples: int | None = None, seed: int = 0,
+                  loaded: tuple[torch.nn.Module, TrainConfig] | None = None) -> CalibrationSummary:
+    """Fit and write ``run_dir``'s calibration on its validation split of ``data``.
+
+    ``loaded``: the run's raw controller and config (``load_run(run_dir, raw=True)``) when the
+    caller holds them already."""
     run_dir = Path(run_dir)
-    model, config = load_run(run_dir, raw=True)
+    model, config = loaded if loaded is not None else load_run(run_dir, raw=True)
     seeds = parse_seeds(config.val_seeds, "val seeds")
     dataset = SequenceDataset(data, seeds, colour_presets=["default"], sequence_length=config.sequence_length,
                               frame_stride=config.frame_stride, observation=config.model.observation)
     if len(dataset) == 0:
         raise ValueError(f"{data}: no validation episodes of {run_dir} (tracks {config.val_seeds}, default colours)")
     fingerprint = data_fingerprint([record.sidecar["sha256"] for record in dataset.episodes])
-    subset: torch.utils.data.Dataset = dataset
-    if max_samples is not None and len(dataset) > max_samples:
-        subset = torch.utils.data.Subset(dataset, np.linspace(0, len(dataset) - 1, max_samples).astype(int).tolist())
-    raw = predict_split(model, subset, config.model.predict_samples, seed=seed)
+    raw = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples, seed=seed)
     calibration = fit_calibration(raw.target, raw.mean, raw.aleatoric + raw.epistemic, tuple(seeds), fingerprint)
     write_calibration(run_dir, calibration)
     scale = np.asarray(calibration.variance_scale)

@@ -48,6 +48,14 @@ class Predictions:
         return np.sqrt(self.aleatoric + self.epistemic)
 
 
+def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) -> torch.utils.data.Dataset:
+    """At most ``max_samples`` evenly spaced items of ``dataset`` (all of it when None or smaller)."""
+    if max_samples is None or len(dataset) <= max_samples:  # type: ignore[arg-type]
+        return dataset
+    keep = np.linspace(0, len(dataset) - 1, max_samples).astype(int)  # type: ignore[arg-type]
+    return torch.utils.data.Subset(dataset, keep.tolist())
+
+
 @torch.no_grad()
 def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
     torch.manual_seed(seed)
@@ -90,10 +98,7 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
         if len(dataset) == 0:
             raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
                              f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
-        if max_samples is not None and len(dataset) > max_samples:
-            keep = np.linspace(0, len(dataset) - 1, max_samples).astype(int)
-            dataset = torch.utils.data.Subset(dataset, keep.tolist())  # type: ignore[assignment]
-        pred = predict_split(model, dataset, config.model.predict_samples)
+        pred = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples)
         predictions[name] = pred
         report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
         out["conditions"][name] = {"samples": len(pred.target), **report}

@@ -355,10 +355,10 @@ def calibrate(
     """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json)."""
     from nsacdrive.eval.calibrate import calibrate_run
 
-    _load_runs(runs, raw=True)
+    loaded = _load_runs(runs, raw=True)
     for run in runs:
         try:
-            summary = calibrate_run(run, data, max_samples, seed)
+            summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run))
         except ValueError as exc:
             typer.secho(f"error: {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
