@@ -36,6 +36,7 @@ from nsacdrive.controllers.actions import squash
 from nsacdrive.controllers.calibration import Calibration, calibrated
 from nsacdrive.controllers.circuit_attention import validate_inputs
 from nsacdrive.controllers.controller import Controller
+from nsacdrive.controllers.density import FeatureDensity
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
 from nsacdrive.controllers.model_config import ModelConfig
@@ -163,6 +164,7 @@ class EnsembleController(nn.Module):
                                           config.encoder.token_dim, config.speed_input))
         self.members = nn.ModuleList(members)
         self.calibration: Calibration | None = None  # of the mixture (set by load_run), the members have none
+        self.density: FeatureDensity | None = None  # over the members' features side by side (set by load_run)
 
     def member_parameters(self, k: int) -> Iterator[nn.Parameter]:
         return self.members[k].parameters()
@@ -199,7 +201,13 @@ class EnsembleController(nn.Module):
                        for member, member_tokens in zip(self.members, tokens)]
         means = torch.stack([p.mean for p in predictions])
         variances = torch.stack([p.aleatoric for p in predictions])
-        return calibrated(self.calibration, UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False)))
+        density = None if self.density is None else self.density.score(self.density_features(tokens))
+        return calibrated(self.calibration, UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False),
+                                                                density=density))
+
+    def density_features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Every member's density features side by side, [B, M·D] (tokens [M, B, T·K, D] from :meth:`encode`)."""
+        return torch.cat([member.density_features(member_tokens) for member, member_tokens in zip(self.members, tokens)], -1)
 
     @torch.no_grad()
     def predict(self, frames: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,

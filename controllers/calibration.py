@@ -13,6 +13,15 @@ A trained head can be over- or under-confident by a roughly constant factor (NSA
   interval. Coverage holds for exchangeable data; closed-loop driving is not exchangeable, so
   read the widths as a monitored scale.
 
+* optionally **isotonic recalibration of the predictive CDF** (Kuleshov et al. 2018): a monotone
+  map R with R(F(y)) uniform on the validation split, F the variance-scaled Gaussian CDF. Their
+  recalibrator is the isotonic regression of the empirical CDF P̂ of the PIT values u_i = F(y_i)
+  on u_i; P̂ is already monotone in u, so that regression is P̂ itself. It is kept as the PIT
+  quantiles at :data:`ISOTONIC_LEVELS` (101 knots per action, linear in between), so R(u) =
+  interp(u, quantiles, levels). R changes quantiles and intervals, not the mean or variance:
+  it is used for calibration curves and interval coverage (:meth:`Calibration.recalibrated_pit`),
+  while every prediction still carries the variance-scaled moments.
+
 The fit is written as ``RUN/calibration.json`` (method, per-action values, the validation
 seeds, the number of samples and a fingerprint of the episodes it saw) and applied by
 :meth:`Calibration.apply` wherever the run predicts.
@@ -20,6 +29,7 @@ seeds, the number of samples and a fingerprint of the episodes it saw) and appli
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -37,7 +47,10 @@ from nsacdrive.controllers.prediction import UncertainPrediction
 
 CALIBRATION_FILE = "calibration.json"
 METHOD = "variance-scaling"
+METHOD_ISOTONIC = "variance-scaling+isotonic"
 CONFORMAL_ALPHAS = (0.1, 0.05)
+#: The levels at which the isotonic recalibrator keeps the validation PIT quantiles.
+ISOTONIC_LEVELS = np.linspace(0.0, 1.0, 101)
 
 
 class CalibrationError(ValueError):
@@ -53,23 +66,39 @@ class Calibration:
     val_seeds: tuple[int, ...]
     samples: int
     data_fingerprint: str
-    method: str = METHOD
+    #: per action, the validation PIT quantiles at ISOTONIC_LEVELS (the isotonic recalibrator), or None
+    isotonic: tuple[tuple[float, ...], ...] | None = None
+
+    @property
+    def method(self) -> str:
+        return METHOD if self.isotonic is None else METHOD_ISOTONIC
+
+    def recalibrated_pit(self, target: npt.ArrayLike, mean: npt.ArrayLike, variance: npt.ArrayLike) -> np.ndarray:
+        """R(F(y)) per sample and action, arrays [N, A] of raw predictions: the PIT under the variance-scaled
+        Gaussian F, mapped through the isotonic recalibrator (F(y) itself when there is none)."""
+        y, mu, var = (np.asarray(a, dtype=np.float64) for a in (target, mean, variance))
+        pit = gaussian_pit(y, mu, var * np.asarray(self.variance_scale))
+        if self.isotonic is None:
+            return pit
+        return np.stack([np.interp(pit[:, i], knots, ISOTONIC_LEVELS) for i, knots in enumerate(self.isotonic)], axis=1)
 
     def apply(self, prediction: UncertainPrediction) -> UncertainPrediction:
-        """The prediction with both variance parts scaled by s² (mean and attention unchanged)."""
+        """The prediction with both variance parts scaled by s² (mean, attention and density unchanged)."""
         scale = torch.tensor(self.variance_scale, dtype=prediction.aleatoric.dtype, device=prediction.aleatoric.device)
-        return UncertainPrediction(prediction.mean, prediction.aleatoric * scale, prediction.epistemic * scale,
-                                   prediction.attention)
+        return dataclasses.replace(prediction, aleatoric=prediction.aleatoric * scale, epistemic=prediction.epistemic * scale)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["actions"] = list(ACTION_NAMES)
+        out["method"] = self.method
+        if self.isotonic is None:
+            del out["isotonic"]
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = CALIBRATION_FILE) -> Calibration:
-        if raw.get("method") != METHOD:
-            raise CalibrationError(f"{where}: method {raw.get('method')!r} is not {METHOD!r}")
+        if raw.get("method") not in (METHOD, METHOD_ISOTONIC):
+            raise CalibrationError(f"{where}: method {raw.get('method')!r} is not {METHOD!r} or {METHOD_ISOTONIC!r}")
         if raw.get("actions") != list(ACTION_NAMES):
             raise CalibrationError(f"{where}: actions {raw.get('actions')!r}, expected {list(ACTION_NAMES)}")
         scale = raw.get("variance_scale")
@@ -79,8 +108,14 @@ class Calibration:
         for level, widths in conformal.items():
             if not (isinstance(widths, list) and len(widths) == len(ACTION_NAMES)):
                 raise CalibrationError(f"{where}: conformal[{level!r}] must hold {len(ACTION_NAMES)} widths, got {widths!r}")
+        isotonic = raw.get("isotonic")
+        if raw["method"] == METHOD_ISOTONIC:
+            if not (isinstance(isotonic, list) and len(isotonic) == len(ACTION_NAMES)
+                    and all(isinstance(q, list) and len(q) == len(ISOTONIC_LEVELS) and all(np.diff(q) >= 0) for q in isotonic)):
+                raise CalibrationError(f"{where}: isotonic must hold, per action, {len(ISOTONIC_LEVELS)} non-decreasing PIT quantiles")
         return cls(tuple(float(v) for v in scale), {k: tuple(float(w) for w in v) for k, v in conformal.items()},
-                   tuple(int(s) for s in raw["val_seeds"]), int(raw["samples"]), str(raw["data_fingerprint"]))
+                   tuple(int(s) for s in raw["val_seeds"]), int(raw["samples"]), str(raw["data_fingerprint"]),
+                   tuple(tuple(float(v) for v in q) for q in isotonic) if raw["method"] == METHOD_ISOTONIC else None)
 
 
 def calibrated(calibration: Calibration | None, prediction: UncertainPrediction) -> UncertainPrediction:
@@ -92,9 +127,15 @@ def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0
 
 
+def gaussian_pit(y: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> np.ndarray:
+    """Φ((y − μ)/σ): the probability integral transform of y under N(μ, σ²)."""
+    return torch.special.ndtr(torch.from_numpy((y - mean) / np.sqrt(variance))).numpy()
+
+
 def fit_calibration(target: npt.ArrayLike, mean: npt.ArrayLike, variance: npt.ArrayLike, val_seeds: tuple[int, ...],
-                    data_fingerprint: str, alphas: tuple[float, ...] = CONFORMAL_ALPHAS) -> Calibration:
-    """Variance factors and conformal widths from validation predictions, arrays [N, A]."""
+                    data_fingerprint: str, alphas: tuple[float, ...] = CONFORMAL_ALPHAS, isotonic: bool = False) -> Calibration:
+    """Variance factors and conformal widths (and with ``isotonic`` the CDF recalibrator) from validation
+    predictions, arrays [N, A]."""
     y, mu, var = (np.asarray(a, dtype=np.float64) for a in (target, mean, variance))
     if y.ndim != 2 or y.shape != mu.shape or y.shape != var.shape or y.shape[1] != len(ACTION_NAMES):
         raise ValueError(f"target, mean and variance must all be [N, {len(ACTION_NAMES)}], got {y.shape}, {mu.shape}, {var.shape}")
@@ -109,7 +150,11 @@ def fit_calibration(target: npt.ArrayLike, mean: npt.ArrayLike, variance: npt.Ar
     scale = np.maximum(np.mean(residual_sq / var, axis=0), np.finfo(np.float64).tiny)
     scores = conformal_scores(y, mu, np.sqrt(var * scale))
     conformal = {str(alpha): tuple(float(q) for q in conformal_quantile(scores, alpha)) for alpha in alphas}
-    return Calibration(tuple(float(s) for s in scale), conformal, tuple(val_seeds), len(y), data_fingerprint)
+    recalibrator = None
+    if isotonic:
+        pit = gaussian_pit(y, mu, var * scale)
+        recalibrator = tuple(tuple(float(q) for q in np.quantile(pit[:, i], ISOTONIC_LEVELS)) for i in range(y.shape[1]))
+    return Calibration(tuple(float(s) for s in scale), conformal, tuple(val_seeds), len(y), data_fingerprint, recalibrator)
 
 
 def data_fingerprint(sha256s: list[str]) -> str:

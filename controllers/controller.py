@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nsacdrive.controllers.calibration import Calibration, calibrated
+from nsacdrive.controllers.density import FeatureDensity
 from nsacdrive.controllers.heads import UncertaintyHead
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -46,6 +47,7 @@ class Controller(nn.Module):
         self.encoder = encoder
         self.head = head
         self.calibration: Calibration | None = None  # set by load_run from RUN/calibration.json; applied to every prediction
+        self.density: FeatureDensity | None = None  # set by load_run from RUN/density.safetensors; scores every prediction
         self.tokens_per_frame = int(getattr(encoder, "TOKENS_PER_FRAME", 1))  # encoders that declare none emit one
         self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
 
@@ -67,6 +69,10 @@ class Controller(nn.Module):
     def _per_token(self, per_frame: torch.Tensor) -> torch.Tensor:
         """[B, T] → [B, T·K]: each frame's value for each of its K tokens."""
         return per_frame if self.tokens_per_frame == 1 else per_frame.repeat_interleave(self.tokens_per_frame, dim=1)
+
+    def density_features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, T·K, D] → the newest frame's K tokens averaged, [B, D] (:mod:`nsacdrive.controllers.density`)."""
+        return tokens[:, -self.tokens_per_frame:].mean(1)
 
     def token_times(self, timestamps: torch.Tensor) -> torch.Tensor:
         """Head times [B, T·K] of the tokens from the frames' timestamps [B, T] (:func:`head_times`)."""
@@ -107,6 +113,8 @@ class Controller(nn.Module):
             prediction = self.head.predict_episodes(tokens, times, samples, generators)
         if prediction.attention is not None and self.tokens_per_frame > 1:  # per token → per frame
             prediction.attention = prediction.attention.unflatten(1, (-1, self.tokens_per_frame)).sum(-1)
+        if self.density is not None:
+            prediction.density = self.density.score(self.density_features(tokens))
         return calibrated(self.calibration, prediction)
 
     @torch.no_grad()

@@ -293,6 +293,28 @@ def calibration_curve(
         score = _erf(np.abs(z) / _SQRT2)
     else:  # Φ(z) > 0 for finite z; its underflow to 0 (z < -8.3) must not count as covered at p = 0
         score = np.maximum(_norm_cdf(z), np.finfo(np.float64).smallest_subnormal)
+    return _reliability(score, levels, kind)
+
+
+def pit_calibration_curve(pit: npt.ArrayLike, levels: int = 100, kind: Literal["interval", "quantile"] = "interval") -> ReliabilityDiagram:
+    """:func:`calibration_curve` of any predictive distribution from its PIT values u = F(y) ∈ [0, 1].
+
+    The central p-interval [F⁻¹((1−p)/2), F⁻¹((1+p)/2)] covers y iff |2u − 1| <= p; the
+    p-quantile is above y iff u <= p. For a Gaussian F this is :func:`calibration_curve` (which
+    computes the interval score from |z| directly, for precision in the tails)."""
+    u = _finite("pit", pit)
+    if u.ndim == 0 or u.shape[0] == 0 or bool(((u < 0) | (u > 1)).any()):
+        raise ValueError(f"pit must be a non-empty array of values in [0, 1], got shape {u.shape}")
+    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 2:
+        raise ValueError(f"levels must be an integer >= 2, got {levels!r}")
+    if kind not in ("interval", "quantile"):
+        raise ValueError(f"kind must be 'interval' or 'quantile', got {kind!r}")
+    score = np.abs(2 * u - 1) if kind == "interval" else np.maximum(u, np.finfo(np.float64).smallest_subnormal)
+    return _reliability(score, levels, kind)
+
+
+def _reliability(score: np.ndarray, levels: int, kind: Literal["interval", "quantile"]) -> ReliabilityDiagram:
+    """Observed coverage at p = linspace(0, 1, levels): the fraction of scores <= p, per column."""
     expected = np.linspace(0.0, 1.0, levels)
     ranked = np.sort(score.reshape(len(score), -1), axis=0)
     covered = np.stack([np.searchsorted(col, expected, side="right") for col in ranked.T], axis=-1)
@@ -320,6 +342,16 @@ def rmsce(
 ) -> Metric:
     """Root mean squared calibration error of :func:`calibration_curve` (100 central-interval levels)."""
     return calibration_curve(y, mean, std, levels, kind).rmsce
+
+
+def interval_coverage(y: npt.ArrayLike, mean: npt.ArrayLike, half_width: npt.ArrayLike) -> Metric:
+    """Fraction of samples with |y − m| <= half_width (per column): the empirical coverage of m ± half_width."""
+    y, mean, half_width = _gaussian(y, mean, half_width, "half_width")
+    return _per_column(np.mean(np.abs(y - mean) <= half_width, axis=0))
+
+
+#: z with P(|Z| <= z) = 0.9 for Z ~ N(0, 1): the Gaussian central 90 % interval is m ± z·s.
+Z_90 = 1.6448536269514722
 
 
 def sharpness(std: npt.ArrayLike) -> Metric:
@@ -382,6 +414,13 @@ class SparsificationCurves:
     def area(self) -> Metric:
         """AUSE: the mean of the sparsification error over the grid = its integral over f ∈ [0, 1)."""
         return _per_column(self.error.mean(axis=0))
+
+    @property
+    def aurc(self) -> Metric:
+        """Area under the risk–coverage curve (Geifman & El-Yaniv 2017): the mean of ``by_uncertainty``,
+        i.e. the error of what is kept, averaged over coverages 1 − f. Lower is better; unlike AUSE it
+        also counts the error level itself."""
+        return _per_column(self.by_uncertainty.mean(axis=0))
 
 
 def ause(
@@ -478,8 +517,8 @@ def regression_report(
 
     Returns ``{"per_action": {name: {metric: value}}, "average": {metric: mean over actions},
     "calibration": convention}`` with metrics mse, nll, crps, mace, rmsce (central intervals,
-    ``levels`` levels), sharpness, ause (mean |error|, ``ause_steps`` fractions) and spearman
-    (between s and |y − m|). Names default to ``action_0`` .. ``action_{D-1}``. Either variance may
+    ``levels`` levels), sharpness, ause and aurc (mean |error|, ``ause_steps`` fractions), spearman
+    (between s and |y − m|) and coverage_90 (of the Gaussian central interval m ± 1.645·s). Names default to ``action_0`` .. ``action_{D-1}``. Either variance may
     be 0 (e.g. a single model has no epistemic part) but their sum must be > 0.
     """
     y = _data("y", y)
@@ -493,6 +532,7 @@ def regression_report(
     if len(names) != y.shape[1]:
         raise ValueError(f"action_names has {len(names)} names for {y.shape[1]} action dimensions")
     calibration = calibration_curve(y, mean, std, levels)
+    sparsification = ause(y - mean, std, ause_steps)
     columns = {
         "mse": mse(y, mean),
         "nll": gaussian_nll(y, mean, var),
@@ -500,8 +540,10 @@ def regression_report(
         "mace": calibration.mace,
         "rmsce": calibration.rmsce,
         "sharpness": sharpness(std),
-        "ause": ause(y - mean, std, ause_steps).area,
+        "ause": sparsification.area,
+        "aurc": sparsification.aurc,
         "spearman": spearman(std, np.abs(y - mean)),
+        "coverage_90": interval_coverage(y, mean, Z_90 * std),
     }
     return {
         "per_action": {name: {key: float(v[i]) for key, v in columns.items()} for i, name in enumerate(names)},

@@ -18,6 +18,8 @@ class UncertainPrediction:
     #: [B, T] attention of the newest query on each input position (mean over draws and heads;
     #: a summary for closed-loop logs), from heads that attend over the sequence; else None
     attention: torch.Tensor | None = None
+    #: [B] feature-density score of the input (:mod:`nsacdrive.controllers.density`) when the run has one; else None
+    density: torch.Tensor | None = None
 
     @property
     def total(self) -> torch.Tensor:
@@ -26,9 +28,10 @@ class UncertainPrediction:
     @classmethod
     def cat(cls, parts: Sequence[UncertainPrediction]) -> UncertainPrediction:
         """Predictions of consecutive batch rows → one prediction (rows in order)."""
-        attention = None if parts[0].attention is None else torch.cat([p.attention for p in parts])
-        return cls(torch.cat([p.mean for p in parts]), torch.cat([p.aleatoric for p in parts]),
-                   torch.cat([p.epistemic for p in parts]), attention)
+        def cat(name: str) -> torch.Tensor | None:
+            return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
+
+        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")))  # type: ignore[arg-type]
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_floor: float = 0.0) -> UncertainPrediction:

@@ -9,6 +9,7 @@ import torch
 from nsacdrive.common.versions import check_versions
 from nsacdrive.controllers.calibration import read_calibration
 from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
+from nsacdrive.controllers.density import read_density
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 
@@ -36,10 +37,11 @@ def load_run(run_dir: str | Path, device: str = "cpu", raw: bool = False) -> tup
     """The best-validation controller of a run folder, in eval mode, and its training config.
 
     Its predictions are recalibrated by ``RUN/calibration.json`` when there is one (``nsacdrive
-    calibrate``), unless ``raw``."""
+    calibrate``), unless ``raw``, and scored by ``RUN/density.safetensors`` when there is one (raw or not)."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     model = build_controller(config.model)
     load_weights(model, run_dir / WEIGHTS_FILE)
     model.calibration = None if raw else read_calibration(run_dir)
+    model.density = read_density(run_dir)
     return model.to(pick_device(device)).eval(), config

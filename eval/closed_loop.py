@@ -6,7 +6,8 @@ across models (paired design): same track, same colours, and a controller RNG se
 writes a per-step log (``episodes/<id>.npz``: pose, speed, signed lateral and heading error,
 progress, raw predicted mean, executed action, the privileged expert's action for the same
 state, aleatoric and epistemic variance per action, and — for heads that attend over the frame
-sequence (NSAC) — the newest query's attention on each of the T frames, NaN otherwise)
+sequence (NSAC) — the newest query's attention on each of the T frames, NaN otherwise; the
+feature-density score of the frame when the run has ``density.safetensors``, NaN otherwise)
 and a JSON record, atomically; ``--resume`` skips finished episodes. An exception or a NaN
 action inside one episode is recorded as a failed episode with its reason and the evaluation
 goes on.
@@ -146,7 +147,7 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
 
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
-              "expert_action", "aleatoric", "epistemic", "attention")
+              "expert_action", "aleatoric", "epistemic", "attention", "density")
 
 
 def corruption_of(name: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
@@ -220,6 +221,7 @@ class EpisodeDrive:
             log["aleatoric"].append(prediction.aleatoric[row].numpy())
             log["epistemic"].append(prediction.epistemic[row].numpy())
             log["attention"].append(prediction.attention[row].numpy())
+            log["density"].append(float(prediction.density[row]))
             log["executed_action"].append(executed)
             log["expert_action"].append(self.expert.act(self.observation, state))
             log["pose"].append((state.pose.x, state.pose.y, state.pose.angle))
@@ -278,8 +280,9 @@ class LockstepGroup:
         self.cap = drive.throttle_cap
         self.drives = [EpisodeDrive(key, drive, interface and interface.observation) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
-        # heads that do not attend over the frames log NaN attention
+        # heads that do not attend over the frames log NaN attention, runs without a feature density NaN density
         self._no_attention = torch.full((len(keys), interface.frames if interface else 0), float("nan"))
+        self._no_density = torch.full((len(keys),), float("nan"))
 
     @property
     def running(self) -> bool:
@@ -300,6 +303,8 @@ class LockstepGroup:
         """Step every running episode on its row of ``prediction``."""
         if prediction.attention is None:
             prediction.attention = self._no_attention
+        if prediction.density is None:
+            prediction.density = self._no_density
         steer_std = torch.sqrt(prediction.total[:, 0]).tolist()  # once for the group, not once per row
         for row, drive in enumerate(self.drives):
             if drive.running:

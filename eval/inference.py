@@ -33,7 +33,7 @@ import torch
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
-_PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention")
+_PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention", "density")
 _EXIT_TIMEOUT_S = 10.0
 
 

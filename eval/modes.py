@@ -6,3 +6,5 @@ INFERENCE_MODES = ("auto", "inline", "process")
 THROTTLE_MODES = ("law", "model")
 #: Which of a run's own held-out seed ranges the offline table uses (``eval/offline.py``).
 OFFLINE_SPLITS = ("test", "val")
+#: Training sequences ``nsacdrive calibrate`` fits the feature density on by default (``eval/calibrate.py``).
+DENSITY_SAMPLES = 8192

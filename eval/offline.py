@@ -4,9 +4,12 @@ For every run: the test (or validation) track seeds of its own training config, 
 episodes (colour preset ``default``) and, when ``perturbed_preset`` is given, the episodes of
 the same seeds recorded under that preset (the expert drives on privileged state, so the
 labels are the same laps, recoloured). Predictions use each model's own number of draws.
-Per action and model: MSE, NLL, CRPS, MACE/RMSCE, sharpness, AUSE, Spearman
-(:func:`nsacdrive.controllers.metrics.regression_report`), and the OOD AUROC of the predictive std
-between clean and perturbed frames.
+Per action, model and condition: MSE, NLL, CRPS, MACE/RMSCE, sharpness, AUSE, risk–coverage
+AURC, Spearman(σ, |err|), 90 % interval coverage
+(:func:`nsacdrive.controllers.metrics.regression_report`) and the error-detection AUROC (σ against
+|err| above the clean condition's 90th percentile); raw and, for runs with ``calibration.json``,
+recalibrated (coverage then of the conformal interval). Against clean: the OOD AUROC of each
+uncertainty component — total, aleatoric, epistemic and the feature density when the run has one.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +29,21 @@ from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
-from nsacdrive.controllers.metrics import ood_auroc, regression_report
+from nsacdrive.controllers.calibration import read_calibration
+from nsacdrive.controllers.metrics import ood_auroc, pit_calibration_curve, regression_report
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.envs.corruptions import CorruptionSpec
 from nsacdrive.eval.modes import OFFLINE_SPLITS
 
-METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "spearman")
+METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "aurc", "spearman", "coverage_90", "error_auroc")
+#: The metrics that recalibration changes (variance scaling keeps every ranking), reported raw and ``_cal``.
+CALIBRATED_METRICS = ("nll", "crps", "mace", "coverage_90")
+#: An error is "large" above this quantile of the clean condition's |error| (per action): error_auroc's positives.
+ERROR_QUANTILE = 0.9
+#: The conformal level whose widths give the calibrated coverage_90.
+CONFORMAL_ALPHA = 0.1
 
 
 @dataclass
@@ -42,10 +52,15 @@ class Predictions:
     mean: np.ndarray
     aleatoric: np.ndarray
     epistemic: np.ndarray
+    density: np.ndarray | None = None  # [N] feature-density score, when the run has one
 
     @property
     def std(self) -> np.ndarray:
         return np.sqrt(self.aleatoric + self.epistemic)
+
+    def scaled(self, variance_scale: np.ndarray) -> Predictions:
+        """Both variance parts multiplied by ``variance_scale`` per action (variance scaling)."""
+        return replace(self, aleatoric=self.aleatoric * variance_scale, epistemic=self.epistemic * variance_scale)
 
 
 def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) -> torch.utils.data.Dataset:
@@ -59,14 +74,14 @@ def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) ->
 @torch.no_grad()
 def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
     torch.manual_seed(seed)
-    parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": []}
+    parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": [], "density": []}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
-        parts["mean"].append(prediction.mean.numpy())
-        parts["aleatoric"].append(prediction.aleatoric.numpy())
-        parts["epistemic"].append(prediction.epistemic.numpy())
-    return Predictions(**{k: np.concatenate(v).astype(np.float64) for k, v in parts.items()})
+        for name in ("mean", "aleatoric", "epistemic", "density"):
+            if (value := getattr(prediction, name)) is not None:
+                parts[name].append(value.numpy())
+    return Predictions(**{k: np.concatenate(v).astype(np.float64) if v else None for k, v in parts.items()})  # type: ignore[arg-type]
 
 
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
@@ -75,58 +90,124 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
                  corruptions: Sequence[CorruptionSpec] = ()) -> dict[str, Any]:
     """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed.
 
-    ``loaded``: the run's controller and config from :func:`load_run` when the caller holds them
-    already (the run is then not loaded again). The predictions are recalibrated by the run's
-    ``calibration.json`` when it has one, unless ``raw`` (the result's ``recalibration`` says which).
-    ``corruptions``: also each of these on the clean episodes, one condition per ``FAMILY-SEVERITY``;
-    ``ood_auroc_conditions`` holds the AUROC of the predictive std, clean against every other condition."""
+    ``loaded``: the run's raw controller and config (``load_run(run_dir, raw=True)``) when the
+    caller holds them already. Every condition holds ``per_action`` from the raw predictions and,
+    when the run has a ``calibration.json`` and not ``raw``, ``per_action_calibrated`` from the same
+    predictions recalibrated (``recalibration`` names the method). ``corruptions``: also each of
+    these on the clean episodes, one condition per ``FAMILY-SEVERITY``. ``ood_auroc_conditions``:
+    per condition, the AUROC of each uncertainty component against clean (:func:`_ood_aurocs`)."""
     if split not in OFFLINE_SPLITS:
         raise ValueError(f"split: expected one of {', '.join(OFFLINE_SPLITS)}, got {split!r}")
-    model, config = loaded if loaded is not None else load_run(run_dir, raw=raw)
+    model, config = loaded if loaded is not None else load_run(run_dir, raw=True)
+    if getattr(model, "calibration", None) is not None:
+        raise ValueError(f"{run_dir}: evaluate_run needs the raw controller (load_run(..., raw=True)); it applies calibration.json itself")
+    calibration = None if raw else read_calibration(run_dir)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
     kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
     conditions: dict[str, tuple[str, CorruptionSpec | None]] = {"clean": ("default", None)}
     if perturbed_preset:
         conditions[perturbed_preset] = (perturbed_preset, None)
     conditions.update({spec.name: ("default", spec) for spec in corruptions})
-    calibration = getattr(model, "calibration", None)
     out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {},
-                           "recalibration": calibration.method if calibration is not None else "none"}
+                           "recalibration": calibration.method if calibration is not None else "none",
+                           "density": getattr(model, "density", None) is not None}
     predictions = {}
     for name, (preset, corruption) in conditions.items():
         dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, **kw)
         if len(dataset) == 0:
             raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
                              f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
-        pred = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples)
-        predictions[name] = pred
-        report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
-        out["conditions"][name] = {"samples": len(pred.target), **report}
+        predictions[name] = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples)
+    error_threshold = np.quantile(np.abs(predictions["clean"].target - predictions["clean"].mean), ERROR_QUANTILE, axis=0)
+    for name, pred in predictions.items():
+        out["conditions"][name] = {"samples": len(pred.target), **_report(pred, error_threshold)}
+        if calibration is not None:
+            recalibrated = _report(pred.scaled(np.asarray(calibration.variance_scale)), error_threshold,
+                                   calibration.conformal.get(str(CONFORMAL_ALPHA)))
+            if calibration.isotonic is not None:
+                _add_isotonic(recalibrated, calibration.recalibrated_pit(pred.target, pred.mean, pred.aleatoric + pred.epistemic))
+            out["conditions"][name].update({f"{key}_calibrated": value for key, value in recalibrated.items() if key != "calibration"})
     clean = predictions["clean"]
-    out["ood_auroc_conditions"] = {name: _auroc(clean, shifted) for name, shifted in predictions.items() if name != "clean"}
+    out["ood_auroc_conditions"] = {name: _ood_aurocs(clean, shifted) for name, shifted in predictions.items() if name != "clean"}
     if perturbed_preset:
         out["ood_auroc"] = out["ood_auroc_conditions"][perturbed_preset]
     return out
 
 
-def _auroc(clean: Predictions, shifted: Predictions) -> dict[str, float]:
-    """AUROC of the predictive std, clean (negative) against shifted (positive), per action and of the mean std."""
-    out = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
+def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Sequence[float] | None = None) -> dict[str, Any]:
+    """:func:`regression_report` plus error_auroc per action; ``conformal_widths`` (q̂ per action, in
+    units of σ): coverage_90 is then that of the conformal interval μ ± q̂·σ instead of the Gaussian one."""
+    report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
+    abs_error = np.abs(pred.target - pred.mean)
+    for i, action in enumerate(ACTION_NAMES):
+        metrics = report["per_action"][action]
+        metrics["error_auroc"] = _split_auroc(pred.std[:, i], abs_error[:, i] > error_threshold[i])
+        if conformal_widths is not None:
+            metrics["coverage_90"] = float(np.mean(abs_error[:, i] <= conformal_widths[i] * pred.std[:, i]))
+    for metric in ("error_auroc", "coverage_90"):
+        values = [report["per_action"][a][metric] for a in ACTION_NAMES]
+        report["average"][metric] = None if None in values else float(np.mean(values))
+    return report
+
+
+def _add_isotonic(report: dict[str, Any], pit: np.ndarray) -> None:
+    """Add mace/rmsce/coverage_90 ``_isotonic`` (of the isotonic-recalibrated CDF, PIT values [N, A]) to ``report``."""
+    curve = pit_calibration_curve(pit)
+    columns = {"mace_isotonic": curve.mace, "rmsce_isotonic": curve.rmsce,
+               "coverage_90_isotonic": np.mean(np.abs(2 * pit - 1) <= 0.9, axis=0)}
+    for i, action in enumerate(ACTION_NAMES):
+        report["per_action"][action].update({key: float(values[i]) for key, values in columns.items()})
+    report["average"].update({key: float(np.mean(values)) for key, values in columns.items()})
+
+
+def _split_auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """AUROC of ``score`` for the ``positive`` samples against the rest; None when either side is empty."""
+    if positive.all() or not positive.any():
+        return None
+    return ood_auroc(score[~positive], score[positive])
+
+
+def _ood_aurocs(clean: Predictions, shifted: Predictions) -> dict[str, Any]:
+    """AUROC, clean (negative) against shifted (positive): per action and of the mean over actions of
+    the total predictive std (the keys ``steer`` … and ``mean_std``), and under ``components`` of
+    each uncertainty component on its own (``total``, ``aleatoric``, ``epistemic``: per action;
+    ``density``: one per input, None when the run has no density). Recalibration scales each
+    action's variance by a constant, so it changes none of these."""
+    out: dict[str, Any] = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
     out["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
+    components: dict[str, Any] = {
+        name: {a: ood_auroc(getattr(clean, name)[:, i], getattr(shifted, name)[:, i]) for i, a in enumerate(ACTION_NAMES)}
+        for name in ("aleatoric", "epistemic")}
+    components["total"] = {a: out[a] for a in ACTION_NAMES}
+    both = clean.density is not None and shifted.density is not None
+    components["density"] = ood_auroc(clean.density, shifted.density) if both else None  # type: ignore[arg-type]
+    out["components"] = components
     return out
 
 
+#: Table columns after the metrics: recalibrated metrics (isotonic when fitted) and the OOD AUROC of each component.
+ISOTONIC_METRICS = ("mace_isotonic", "coverage_90_isotonic")
+OOD_COLUMNS = ("ood_auroc", "ood_auroc_epistemic", "ood_auroc_density")
+TABLE_METRICS = (*METRICS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)), *OOD_COLUMNS)
+
+
 def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, condition, action) with every metric (and AUROC when available)."""
+    """One row per (model, condition, action) with every metric, ``<metric>_cal`` when the run is
+    recalibrated, and the OOD AUROCs against clean (total std, epistemic, density) off clean."""
     rows = []
     for result in results:
         for condition, report in result["conditions"].items():
+            ood = result.get("ood_auroc_conditions", {}).get(condition, {})
             for action in ACTION_NAMES:
                 metrics = report["per_action"][action]
+                recalibrated = report.get("per_action_calibrated", {}).get(action, {})
                 row = {"model": result["model"], "run": Path(result["run"]).name, "recalibration": result["recalibration"],
                        "condition": condition, "action": action}
                 row.update({m: metrics[m] for m in METRICS})
-                row["ood_auroc"] = result.get("ood_auroc_conditions", {}).get(condition, {}).get(action)
+                row.update({f"{m}_cal": recalibrated.get(m) for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)})
+                row["ood_auroc"] = ood.get(action)
+                row["ood_auroc_epistemic"] = ood.get("components", {}).get("epistemic", {}).get(action)
+                row["ood_auroc_density"] = ood.get("components", {}).get("density")
                 rows.append(row)
     return rows
 
@@ -142,7 +223,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
-    columns = ["model", *(["recalibration"] if "recalibration" in rows[0] else []), "condition", "action", *METRICS, "ood_auroc"]
+    columns = ["model", *(["recalibration"] if "recalibration" in rows[0] else []), "condition", "action", *TABLE_METRICS]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row, c) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
@@ -187,7 +268,7 @@ def aggregate_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     aggregated = []
     for (model, condition, action), rows in groups.items():
         entry: dict[str, Any] = {"model": model, "run": f"{len(rows)} seeds", "condition": condition, "action": action}
-        for metric in (*METRICS, "ood_auroc"):
+        for metric in TABLE_METRICS:
             values = [r[metric] for r in rows if r[metric] is not None]
             entry[metric] = float(np.mean(values)) if values else None
             entry[f"{metric}_std"] = float(np.std(values)) if values else None

@@ -22,7 +22,7 @@ from nsacdrive.controllers.model_names import MODEL_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.colours import list_presets
-from nsacdrive.eval.modes import INFERENCE_MODES, OFFLINE_SPLITS
+from nsacdrive.eval.modes import DENSITY_SAMPLES, INFERENCE_MODES, OFFLINE_SPLITS
 from nsacdrive.options import choice, split_names
 from nsacdrive.outputs import check_output_file, check_output_folder
 from nsacdrive.udacity_cli import udacity_app
@@ -125,13 +125,14 @@ def _load_runs(runs: list[Path], raw: bool = False) -> dict[Path, tuple[Any, Any
     with ``raw``). Returns run → (controller, training config), for work done in this process."""
     from nsacdrive.controllers.calibration import CALIBRATION_FILE, CalibrationError
     from nsacdrive.controllers.checkpoint import CheckpointError
+    from nsacdrive.controllers.density import DensityError
     from nsacdrive.controllers.run import load_run
 
     loaded = {}
     for run in runs:
         try:
             loaded[run] = load_run(run, raw=raw)
-        except (CheckpointError, CalibrationError) as exc:
+        except (CheckpointError, CalibrationError, DensityError) as exc:
             typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
         calibration = loaded[run][0].calibration
@@ -351,14 +352,18 @@ def calibrate(
     data: Path = typer.Option(..., "--data", help="Dataset folder holding the runs' validation track seeds."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Fit on an evenly spaced subset of at most this many validation sequences."),
     seed: int = typer.Option(0, "--seed", help="Seeds the prediction draws."),
+    density_samples: int = typer.Option(DENSITY_SAMPLES, "--density-samples", min=2, help="Fit the feature density on an evenly spaced subset of at most this many training sequences."),
+    isotonic: bool = typer.Option(False, "--isotonic", help="Also fit an isotonic recalibration of the predictive CDF (Kuleshov et al. 2018): it changes intervals and calibration curves, not the mean or variance."),
 ) -> None:
-    """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json)."""
+    """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json) and
+    its feature density on its training split (RUN/density.safetensors)."""
     from nsacdrive.eval.calibrate import calibrate_run
 
     loaded = _load_runs(runs, raw=True)
     for run in runs:
         try:
-            summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run))
+            summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run), density_samples=density_samples,
+                                    isotonic=isotonic)
         except ValueError as exc:
             typer.secho(f"error: {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
@@ -389,7 +394,7 @@ def evaluate_offline(
         specs = parse_corruptions(corruptions) if corruptions is not None else []
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    loaded = _load_runs(runs, raw=raw)
+    loaded = _load_runs(runs, raw=True)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
         results = []
         for run in runs:
@@ -401,6 +406,11 @@ def evaluate_offline(
         raise typer.Exit(2) from None
     rows = aggregate_seeds(results) if train_seeds > 1 else table_rows(results)
     typer.echo(write_tables(results, out, rows))
+    for result in results:
+        extras = [f"recalibrated by calibration.json ({result['recalibration']}): the _cal columns" if result["recalibration"] != "none" else
+                  ("raw only (--raw)" if raw else "raw only (no calibration.json: `nsacdrive calibrate`)"),
+                  "density score from density.safetensors" if result["density"] else "no density score"]
+        typer.echo(f"{result['run']}: {'; '.join(extras)}")
     typer.echo(f"\ncalibration: {results[0]['conditions']['clean']['calibration']}")
     typer.echo(f"tables → {out}/offline.md, offline.csv, offline.json")
 

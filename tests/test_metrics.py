@@ -407,6 +407,13 @@ def test_scale_shape_and_value_errors_name_the_argument():
 # --------------------------------------------------------------------------- report
 
 
+def risk_coverage_area(abs_error: np.ndarray, uncertainty: np.ndarray, steps: int = 100) -> float:
+    """AURC by its definition: the mean |error| of the most certain N − ⌊kN/steps⌋ samples, averaged over k."""
+    ranked = abs_error[np.argsort(uncertainty)]
+    n = len(ranked)
+    return float(np.mean([ranked[: n - (k * n) // steps].mean() for k in range(steps)]))
+
+
 def test_regression_report_uses_total_variance_per_action(miscalibrated):
     y, mean, std = miscalibrated
     rng = np.random.default_rng(9)
@@ -429,7 +436,9 @@ def test_regression_report_uses_total_variance_per_action(miscalibrated):
             "rmsce": rmsce(yd, md, sd),
             "sharpness": sharpness(sd),
             "ause": ause(yd - md, sd).area,
+            "aurc": risk_coverage_area(np.abs(yd - md), sd),
             "spearman": spearman(sd, np.abs(yd - md)),
+            "coverage_90": np.mean(np.abs(yd - md) <= 1.6448536269514722 * sd),
         }
         assert report["per_action"][name] == pytest.approx(direct, rel=1e-12)
     for key, value in report["average"].items():

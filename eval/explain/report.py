@@ -75,7 +75,7 @@ from nsacdrive.eval.explain.saliency import (
     sanity_check,
     sanity_figure,
 )
-from nsacdrive.eval.offline import METRICS, table_rows
+from nsacdrive.eval.offline import TABLE_METRICS, table_rows
 from nsacdrive.eval.plots import env_track, offline_figure, save_figure, write_episode_figures, write_evaluation_figures
 from nsacdrive.eval.results import EvaluationError, choose_episodes, drive_config, group_label, load_aggregates, load_records
 from nsacdrive.eval.video import redrive_episode
@@ -288,7 +288,7 @@ class Report:
             "<h2>2. Offline metrics</h2>",
             f"<p>Held-out recorded tracks, per model, condition and action; calibration: "
             f"{html.escape(str(data.get('calibration_convention', '')))}. Data: {', '.join(links)}.</p>",
-            _table(rows, ("model", "run", "condition", "action", *METRICS, "ood_auroc")),
+            _table(rows, tuple(c for c in ("model", "run", "condition", "action", *TABLE_METRICS) if any(r.get(c) is not None for r in rows))),
             self._image(figure, "offline metrics"),
         ])
 
