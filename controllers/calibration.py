@@ -22,6 +22,11 @@ A trained head can be over- or under-confident by a roughly constant factor (NSA
   it is used for calibration curves and interval coverage (:meth:`Calibration.recalibrated_pit`),
   while every prediction still carries the variance-scaled moments.
 
+* for heads that report Lévy attention's **deviation σ̂** (``signals["deviation"]``), the
+  action-unit scale s = a·σ̂ + b per action, fitted by CRPS on the same split
+  (:func:`nsacdrive.controllers.levy_calibration.fit_affine_scale`, docs/levy.md#calibration);
+  evaluation scores N(μ, s²) beside the head's own variance.
+
 The fit is written as ``RUN/calibration.json`` (method, per-action values, the validation
 seeds, the number of samples and a fingerprint of the episodes it saw) and applied by
 :meth:`Calibration.apply` wherever the run predicts.
@@ -42,7 +47,7 @@ import torch
 
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.controllers.actions import ACTION_NAMES
-from nsacdrive.controllers.levy_calibration import conformal_quantile, conformal_scores
+from nsacdrive.controllers.levy_calibration import conformal_quantile, conformal_scores, fit_affine_scale
 from nsacdrive.controllers.prediction import UncertainPrediction
 
 CALIBRATION_FILE = "calibration.json"
@@ -68,6 +73,15 @@ class Calibration:
     data_fingerprint: str
     #: per action, the validation PIT quantiles at ISOTONIC_LEVELS (the isotonic recalibrator), or None
     isotonic: tuple[tuple[float, ...], ...] | None = None
+    #: (a, b) per action mapping Lévy's deviation σ̂ to the scale a·σ̂ + b, or None for other heads
+    deviation_scale: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    def deviation_std(self, deviation: npt.ArrayLike) -> np.ndarray:
+        """a·σ̂ + b per action for σ̂ [N, A] (ValueError when this calibration has no deviation scale)."""
+        if self.deviation_scale is None:
+            raise ValueError("this calibration has no deviation scale (the run's head reports no σ̂)")
+        a, b = (np.asarray(v) for v in self.deviation_scale)
+        return a * np.asarray(deviation, dtype=np.float64) + b
 
     @property
     def method(self) -> str:
@@ -91,8 +105,9 @@ class Calibration:
         out = asdict(self)
         out["actions"] = list(ACTION_NAMES)
         out["method"] = self.method
-        if self.isotonic is None:
-            del out["isotonic"]
+        for optional in ("isotonic", "deviation_scale"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod
@@ -113,9 +128,15 @@ class Calibration:
             if not (isinstance(isotonic, list) and len(isotonic) == len(ACTION_NAMES)
                     and all(isinstance(q, list) and len(q) == len(ISOTONIC_LEVELS) and all(np.diff(q) >= 0) for q in isotonic)):
                 raise CalibrationError(f"{where}: isotonic must hold, per action, {len(ISOTONIC_LEVELS)} non-decreasing PIT quantiles")
+        deviation = raw.get("deviation_scale")
+        if deviation is not None and not (isinstance(deviation, list) and len(deviation) == 2
+                                          and all(isinstance(v, list) and len(v) == len(ACTION_NAMES) and all(_nonnegative(x) for x in v)
+                                                  for v in deviation)):
+            raise CalibrationError(f"{where}: deviation_scale must be [a, b], each {len(ACTION_NAMES)} numbers >= 0, got {deviation!r}")
         return cls(tuple(float(v) for v in scale), {k: tuple(float(w) for w in v) for k, v in conformal.items()},
                    tuple(int(s) for s in raw["val_seeds"]), int(raw["samples"]), str(raw["data_fingerprint"]),
-                   tuple(tuple(float(v) for v in q) for q in isotonic) if raw["method"] == METHOD_ISOTONIC else None)
+                   tuple(tuple(float(v) for v in q) for q in isotonic) if raw["method"] == METHOD_ISOTONIC else None,
+                   None if deviation is None else (tuple(map(float, deviation[0])), tuple(map(float, deviation[1]))))
 
 
 def calibrated(calibration: Calibration | None, prediction: UncertainPrediction) -> UncertainPrediction:
@@ -124,7 +145,11 @@ def calibrated(calibration: Calibration | None, prediction: UncertainPrediction)
 
 
 def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0
+    return _nonnegative(value) and value > 0  # type: ignore[operator]
+
+
+def _nonnegative(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value)) and value >= 0
 
 
 def gaussian_pit(y: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> np.ndarray:
@@ -133,9 +158,10 @@ def gaussian_pit(y: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> np.nd
 
 
 def fit_calibration(target: npt.ArrayLike, mean: npt.ArrayLike, variance: npt.ArrayLike, val_seeds: tuple[int, ...],
-                    data_fingerprint: str, alphas: tuple[float, ...] = CONFORMAL_ALPHAS, isotonic: bool = False) -> Calibration:
-    """Variance factors and conformal widths (and with ``isotonic`` the CDF recalibrator) from validation
-    predictions, arrays [N, A]."""
+                    data_fingerprint: str, alphas: tuple[float, ...] = CONFORMAL_ALPHAS, isotonic: bool = False,
+                    deviation: npt.ArrayLike | None = None) -> Calibration:
+    """Variance factors and conformal widths (with ``isotonic`` the CDF recalibrator, with Lévy's
+    ``deviation`` σ̂ its affine scale) from validation predictions, arrays [N, A]."""
     y, mu, var = (np.asarray(a, dtype=np.float64) for a in (target, mean, variance))
     if y.ndim != 2 or y.shape != mu.shape or y.shape != var.shape or y.shape[1] != len(ACTION_NAMES):
         raise ValueError(f"target, mean and variance must all be [N, {len(ACTION_NAMES)}], got {y.shape}, {mu.shape}, {var.shape}")
@@ -154,7 +180,12 @@ def fit_calibration(target: npt.ArrayLike, mean: npt.ArrayLike, variance: npt.Ar
     if isotonic:
         pit = gaussian_pit(y, mu, var * scale)
         recalibrator = tuple(tuple(float(q) for q in np.quantile(pit[:, i], ISOTONIC_LEVELS)) for i in range(y.shape[1]))
-    return Calibration(tuple(float(s) for s in scale), conformal, tuple(val_seeds), len(y), data_fingerprint, recalibrator)
+    deviation_scale = None
+    if deviation is not None:
+        a, b = fit_affine_scale(mu, np.asarray(deviation, dtype=np.float64), y)
+        deviation_scale = (tuple(a.tolist()), tuple(b.tolist()))
+    return Calibration(tuple(float(s) for s in scale), conformal, tuple(val_seeds), len(y), data_fingerprint, recalibrator,
+                       deviation_scale)
 
 
 def data_fingerprint(sha256s: list[str]) -> str:

@@ -181,7 +181,8 @@ class LevyHead(UncertaintyHead):
     the deterministic mean path, squashed into the action box. Aleatoric: a per-action log-σ
     read-out of ā_k, smoothly floored at log σ = −4 (:data:`LOG_SIGMA_FLOOR`). Epistemic: the variance of the squashed actions over K draws of the
     layer's Poisson sampler (the "K-draw mode": the nonlinear action head sees every draw).
-    σ̂ itself (``deviation``) is available from :meth:`signals` for calibration.
+    Every prediction also carries the layer's evidence Λ, disagreement trΣ_V and deviation σ̂ per
+    action (``signals``); ``nsacdrive calibrate`` maps σ̂ to an action-unit scale.
     """
 
     stochastic_prediction = True
@@ -222,11 +223,12 @@ class LevyHead(UncertaintyHead):
         return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
 
     def predict(self, tokens, times, samples):
-        mean, log_sigma, _ = self._mean_and_log_sigma(tokens, times)
+        mean, log_sigma, out = self._mean_and_log_sigma(tokens, times)
         key_times, identity = self._keys(tokens, times)
         draws = squash(self.actions.sample(tokens, key_times, identity, draws=max(samples, 2)))
         aleatoric = torch.exp(2 * log_sigma.clamp(*LOG_SIGMA_BOUNDS))  # as gaussian_nll clamps it
-        return UncertainPrediction(mean, aleatoric, draws.var(0, unbiased=False))
+        signals = {"evidence": out.attention.evidence, "disagreement": out.attention.disagreement, "deviation": out.attention.deviation}
+        return UncertainPrediction(mean, aleatoric, draws.var(0, unbiased=False), signals=signals)
 
 
 class NACRegressionHead(UncertaintyHead):

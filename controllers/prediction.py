@@ -20,6 +20,9 @@ class UncertainPrediction:
     attention: torch.Tensor | None = None
     #: [B] feature-density score of the input (:mod:`nsacdrive.controllers.density`) when the run has one; else None
     density: torch.Tensor | None = None
+    #: head-specific uncertainty signals, each [B, A] (Lévy attention: ``evidence`` Λ, ``disagreement``
+    #: trΣ_V and ``deviation`` σ̂ of each action's query), or None
+    signals: dict[str, torch.Tensor] | None = None
 
     @property
     def total(self) -> torch.Tensor:
@@ -31,7 +34,8 @@ class UncertainPrediction:
         def cat(name: str) -> torch.Tensor | None:
             return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
 
-        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")))  # type: ignore[arg-type]
+        signals = None if parts[0].signals is None else {key: torch.cat([p.signals[key] for p in parts]) for key in parts[0].signals}
+        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")), signals)  # type: ignore[arg-type]
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_floor: float = 0.0) -> UncertainPrediction:

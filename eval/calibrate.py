@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.calibration import Calibration, data_fingerprint, fit_calibration, write_calibration
 from nsacdrive.controllers.density import DENSITY_FILE, FeatureDensity, fit_density, write_density
@@ -45,16 +45,19 @@ class CalibrationSummary:
 
     def lines(self) -> list[str]:
         cal = self.calibration
-        out = [f"{self.run}: {cal.samples} validation sequences (tracks {','.join(map(str, cal.val_seeds))}) → {self.run}/calibration.json ({cal.method})"]
+        out = [f"{self.run}: {cal.samples} validation sequences (tracks {format_seeds(list(cal.val_seeds))}) → {self.run}/calibration.json ({cal.method})"]
         for i, action in enumerate(ACTION_NAMES):
             widths = ", ".join(f"q̂[{level}] {q[i]:.2f}" for level, q in cal.conformal.items())
             out.append(f"  {action:<6} s² {cal.variance_scale[i]:8.3f}   NLL {self.nll[0][i]:7.3f} → {self.nll[1][i]:7.3f}   "
                        f"MACE {self.mace[0][i]:.3f} → {self.mace[1][i]:.3f}   {widths}")
+        if cal.deviation_scale is not None:
+            a, b = cal.deviation_scale
+            out.append("  deviation σ̂ → a·σ̂ + b (CRPS fit): " + ", ".join(f"{action} a {a[i]:.3g} b {b[i]:.3g}" for i, action in enumerate(ACTION_NAMES)))
         density = self.density
         out.append(f"  density: {density.features} features of {density.samples} training sequences (tracks "
-                   f"{','.join(map(str, density.train_seeds))}), jitter {density.jitter:.2g} → {self.run}/{DENSITY_FILE}; "
+                   f"{format_seeds(list(density.train_seeds))}), jitter {density.jitter:.2g} → {self.run}/{DENSITY_FILE}; "
                    f"validation score median {np.median(self.density_val):.2f}, 95th percentile {np.quantile(self.density_val, 0.95):.2f} "
-                   "(1 = typical training frame)")
+                   "(its mean over the training features is 1)")
         return out
 
 
@@ -72,7 +75,9 @@ def calibrate_run(run_dir: str | Path, data: str | Path, max_samples: int | None
     dataset = _clean_split(data, seeds, config, "validation", run_dir)
     fingerprint = data_fingerprint([record.sidecar["sha256"] for record in dataset.episodes])
     raw = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples, seed=seed)
-    calibration = fit_calibration(raw.target, raw.mean, raw.aleatoric + raw.epistemic, tuple(seeds), fingerprint, isotonic=isotonic)
+    deviation = (raw.signals or {}).get("deviation")  # Lévy attention's σ̂, mapped to action units too
+    calibration = fit_calibration(raw.target, raw.mean, raw.aleatoric + raw.epistemic, tuple(seeds), fingerprint, isotonic=isotonic,
+                                  deviation=deviation)
     write_calibration(run_dir, calibration)
     scale = np.asarray(calibration.variance_scale)
     after = Predictions(raw.target, raw.mean, raw.aleatoric * scale, raw.epistemic * scale)

@@ -78,7 +78,9 @@ class InferenceProcess:
         if not self._outstanding:
             raise RuntimeError("collect() with no request in flight")
         self._outstanding.pop(0)
-        return UncertainPrediction(*(None if a is None else torch.from_numpy(a) for a in self._reply()))
+        fields, signals = self._reply()
+        return UncertainPrediction(*(None if a is None else torch.from_numpy(a) for a in fields),
+                                   signals=None if signals is None else {k: torch.from_numpy(v) for k, v in signals.items()})
 
     def close(self) -> None:
         """Ask the child to exit and wait for it (killed if it does not)."""
@@ -177,7 +179,8 @@ def _serve(connection: Connection, run_dir: str, samples: int | None, threads: i
                 observations, (speeds,) = frames[slot][1], body
                 prediction = policies[slot].predict_episodes(np.arange(len(observations)), observations, speeds,
                                                              generators[slot])
-                connection.send(("ok", [None if (value := getattr(prediction, name)) is None else value.numpy()
-                                        for name in _PREDICTION_FIELDS]))
+                fields = [None if (value := getattr(prediction, name)) is None else value.numpy() for name in _PREDICTION_FIELDS]
+                signals = None if prediction.signals is None else {k: v.numpy() for k, v in prediction.signals.items()}
+                connection.send(("ok", (fields, signals)))
             except Exception as exc:
                 connection.send(("error", _describe(exc)))

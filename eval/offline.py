@@ -53,6 +53,7 @@ class Predictions:
     aleatoric: np.ndarray
     epistemic: np.ndarray
     density: np.ndarray | None = None  # [N] feature-density score, when the run has one
+    signals: dict[str, np.ndarray] | None = None  # head-specific signals [N, A] (Lévy: evidence, disagreement, deviation)
 
     @property
     def std(self) -> np.ndarray:
@@ -75,13 +76,17 @@ def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) ->
 def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
     torch.manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": [], "density": []}
+    signals: dict[str, list[np.ndarray]] = {}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
         for name in ("mean", "aleatoric", "epistemic", "density"):
             if (value := getattr(prediction, name)) is not None:
                 parts[name].append(value.numpy())
-    return Predictions(**{k: np.concatenate(v).astype(np.float64) if v else None for k, v in parts.items()})  # type: ignore[arg-type]
+        for name, value in (prediction.signals or {}).items():
+            signals.setdefault(name, []).append(value.numpy())
+    joined = {k: np.concatenate(v).astype(np.float64) if v else None for k, v in {**parts, **signals}.items()}
+    return Predictions(**{k: joined[k] for k in parts}, signals={k: joined[k] for k in signals} or None)  # type: ignore[arg-type]
 
 
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
@@ -127,6 +132,10 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
             if calibration.isotonic is not None:
                 _add_isotonic(recalibrated, calibration.recalibrated_pit(pred.target, pred.mean, pred.aleatoric + pred.epistemic))
             out["conditions"][name].update({f"{key}_calibrated": value for key, value in recalibrated.items() if key != "calibration"})
+            if calibration.deviation_scale is not None and pred.signals is not None and "deviation" in pred.signals:
+                scale = np.maximum(calibration.deviation_std(pred.signals["deviation"]), np.finfo(np.float64).tiny)
+                deviation = _report(replace(pred, aleatoric=scale**2, epistemic=np.zeros_like(scale)), error_threshold)
+                out["conditions"][name].update({"per_action_deviation": deviation["per_action"], "average_deviation": deviation["average"]})
     clean = predictions["clean"]
     out["ood_auroc_conditions"] = {name: _ood_aurocs(clean, shifted) for name, shifted in predictions.items() if name != "clean"}
     if perturbed_preset:
@@ -171,8 +180,9 @@ def _ood_aurocs(clean: Predictions, shifted: Predictions) -> dict[str, Any]:
     """AUROC, clean (negative) against shifted (positive): per action and of the mean over actions of
     the total predictive std (the keys ``steer`` … and ``mean_std``), and under ``components`` of
     each uncertainty component on its own (``total``, ``aleatoric``, ``epistemic``: per action;
-    ``density``: one per input, None when the run has no density). Recalibration scales each
-    action's variance by a constant, so it changes none of these."""
+    ``density``: one per input, None when the run has no density; and each head signal, e.g. Lévy's
+    ``deviation``, ``disagreement`` and ``evidence`` (negated: less evidence = less certain), per
+    action). Recalibration scales each action's variance by a constant, so it changes none of these."""
     out: dict[str, Any] = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
     out["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
     components: dict[str, Any] = {
@@ -181,14 +191,21 @@ def _ood_aurocs(clean: Predictions, shifted: Predictions) -> dict[str, Any]:
     components["total"] = {a: out[a] for a in ACTION_NAMES}
     both = clean.density is not None and shifted.density is not None
     components["density"] = ood_auroc(clean.density, shifted.density) if both else None  # type: ignore[arg-type]
+    for name in (clean.signals or {}):
+        sign = -1.0 if name == "evidence" else 1.0  # less evidence = less certain
+        components[name] = {a: ood_auroc(sign * clean.signals[name][:, i], sign * shifted.signals[name][:, i])  # type: ignore[index]
+                            for i, a in enumerate(ACTION_NAMES)}
     out["components"] = components
     return out
 
 
 #: Table columns after the metrics: recalibrated metrics (isotonic when fitted) and the OOD AUROC of each component.
 ISOTONIC_METRICS = ("mace_isotonic", "coverage_90_isotonic")
-OOD_COLUMNS = ("ood_auroc", "ood_auroc_epistemic", "ood_auroc_density")
-TABLE_METRICS = (*METRICS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)), *OOD_COLUMNS)
+#: Lévy's calibrated deviation a·σ̂ + b scored as N(μ, s²): the ``_dev`` columns.
+DEVIATION_METRICS = ("crps", "mace", "ause", "error_auroc")
+OOD_COLUMNS = ("ood_auroc", "ood_auroc_epistemic", "ood_auroc_density", "ood_auroc_deviation")
+TABLE_METRICS = (*METRICS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)), *(f"{m}_dev" for m in DEVIATION_METRICS),
+                 *OOD_COLUMNS)
 
 
 def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -205,9 +222,13 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                        "condition": condition, "action": action}
                 row.update({m: metrics[m] for m in METRICS})
                 row.update({f"{m}_cal": recalibrated.get(m) for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)})
+                deviation = report.get("per_action_deviation", {}).get(action, {})
+                row.update({f"{m}_dev": deviation.get(m) for m in DEVIATION_METRICS})
+                components = ood.get("components", {})
                 row["ood_auroc"] = ood.get(action)
-                row["ood_auroc_epistemic"] = ood.get("components", {}).get("epistemic", {}).get(action)
-                row["ood_auroc_density"] = ood.get("components", {}).get("density")
+                row["ood_auroc_epistemic"] = components.get("epistemic", {}).get(action)
+                row["ood_auroc_density"] = components.get("density")
+                row["ood_auroc_deviation"] = components.get("deviation", {}).get(action)
                 rows.append(row)
     return rows
 

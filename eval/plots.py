@@ -269,6 +269,66 @@ def offline_figure(rows: list[dict[str, Any]], title: str) -> Figure:
     return fig
 
 
+#: The metrics of :func:`severity_figure`, one row of panels each (steering; `_cal` where recalibrated).
+SEVERITY_METRICS = ("mse", "crps", "coverage_90", "error_auroc", "ood_auroc", "ood_auroc_density")
+
+
+def corruption_of_condition(condition: str) -> tuple[str, int] | None:
+    """``fog-3`` → ("fog", 3); None for conditions that are not a corruption (clean, colour presets)."""
+    family, _, severity = condition.rpartition("-")
+    from nsacdrive.envs.corruptions import CORRUPTIONS
+
+    return (family, int(severity)) if family in CORRUPTIONS and severity.isdigit() else None
+
+
+def severity_figure(rows: list[dict[str, Any]], title: str, action: str = "steer") -> Figure | None:
+    """The offline table against corruption severity: one column of panels per family, one row per
+    metric of :data:`SEVERITY_METRICS`, one line per run (severity 0 = clean); None without corruptions.
+
+    ``coverage_90`` is the recalibrated (conformal) coverage where the run has a calibration, with
+    the 0.9 target drawn; AUROCs have the 0.5 line of no separation."""
+    mine = [r for r in rows if r["action"] == action]
+    families = list(dict.fromkeys(c[0] for r in mine if (c := corruption_of_condition(r["condition"]))))
+    if not families:
+        return None
+    runs = list(dict.fromkeys((r["model"], r["run"]) for r in mine))
+    fig = new_figure(figsize=(2.2 * len(families) + 1, 2.0 * len(SEVERITY_METRICS) + 1))
+    axes = fig.subplots(len(SEVERITY_METRICS), len(families), squeeze=False, sharex=True, sharey="row")  # families comparable
+    for column, family in enumerate(families):
+        for row, metric in enumerate(SEVERITY_METRICS):
+            ax = axes[row, column]
+            for i, (model, run) in enumerate(runs):
+                points = []
+                for r in mine:
+                    if (r["model"], r["run"]) != (model, run):
+                        continue
+                    corruption = corruption_of_condition(r["condition"])
+                    severity = 0 if r["condition"] == "clean" else corruption[1] if corruption and corruption[0] == family else None
+                    value = r.get(f"{metric}_cal") if r.get(f"{metric}_cal") is not None else r.get(metric)
+                    if severity is not None and value is not None:
+                        points.append((severity, float(value)))
+                if points:
+                    x, y = zip(*sorted(points))
+                    ax.plot(x, y, marker="o", ms=3, color=f"C{i}", label=f"{model} ({run})")
+            if metric == "coverage_90":
+                ax.axhline(0.9, color="0.5", lw=0.8, ls="--")
+                ax.set_ylim(0.0, 1.02)
+            elif metric.startswith(("error_auroc", "ood_auroc")):
+                ax.axhline(0.5, color="0.5", lw=0.8, ls=":")
+                ax.set_ylim(0.0, 1.02)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(family, fontsize=9)
+            if column == 0:
+                ax.set_ylabel(metric, fontsize=8)
+            if row == len(SEVERITY_METRICS) - 1:
+                ax.set_xlabel("severity")
+            ax.tick_params(labelsize=7)
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle(f"{title}: {action}, clean (0) to severity 5")
+    return fig
+
+
 # --------------------------------------------------------------------------- output
 
 

@@ -118,11 +118,12 @@ def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _load_runs(runs: list[Path], raw: bool = False) -> dict[Path, tuple[Any, Any]]:
+def _load_runs(runs: list[Path], raw: bool = False, announce: bool = True) -> dict[Path, tuple[Any, Any]]:
     """Load every run (config and weights, checked against the architecture) before any driving or
     computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
     summary later. Says which runs' predictions are recalibrated (``RUN/calibration.json``; never
-    with ``raw``). Returns run → (controller, training config), for work done in this process."""
+    with ``raw``) unless not ``announce`` (callers that load raw and apply it themselves). Returns
+    run → (controller, training config), for work done in this process."""
     from nsacdrive.controllers.calibration import CALIBRATION_FILE, CalibrationError
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.controllers.density import DensityError
@@ -136,6 +137,8 @@ def _load_runs(runs: list[Path], raw: bool = False) -> dict[Path, tuple[Any, Any
             typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
         calibration = loaded[run][0].calibration
+        if not announce:
+            continue
         if calibration is not None:
             typer.echo(f"{run}: applying {CALIBRATION_FILE} ({calibration.method}, fitted on validation tracks "
                        f"{','.join(map(str, calibration.val_seeds))}; --raw ignores it)")
@@ -359,7 +362,7 @@ def calibrate(
     its feature density on its training split (RUN/density.safetensors)."""
     from nsacdrive.eval.calibrate import calibrate_run
 
-    loaded = _load_runs(runs, raw=True)
+    loaded = _load_runs(runs, raw=True, announce=False)  # the fit replaces calibration.json
     for run in runs:
         try:
             summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run), density_samples=density_samples,
@@ -394,7 +397,7 @@ def evaluate_offline(
         specs = parse_corruptions(corruptions) if corruptions is not None else []
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    loaded = _load_runs(runs, raw=True)  # evaluate_run applies each calibration.json itself, beside the raw figures
+    loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
         results = []
         for run in runs:

@@ -183,3 +183,44 @@ def test_closed_loop_logs_recalibrated_variances_unless_raw(run):
     np.testing.assert_array_equal(calibrated_log["executed_action"], raw_log["executed_action"])
     scale = np.asarray(read_calibration(run).variance_scale, dtype=np.float32)
     np.testing.assert_allclose(calibrated_log["aleatoric"], raw_log["aleatoric"] * scale, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- Lévy's deviation σ̂
+
+
+@pytest.fixture(scope="module")
+def levy_run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("levy"), model="levy", seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), batches=2)
+
+
+def test_levy_predictions_carry_the_layer_signals(levy_run):
+    model, _ = load_run(levy_run, raw=True)
+    frames, times = torch.rand(3, 4, 3, 84, 96), torch.linspace(-0.12, 0.0, 4).expand(3, 4)
+    prediction = model.predict(frames, times, samples=4)
+    tokens = model.encode(frames)
+    expected = model.head.signals(tokens, model.token_times(times))
+    assert set(prediction.signals) == {"evidence", "disagreement", "deviation"}
+    for name, value in expected.items():
+        torch.testing.assert_close(prediction.signals[name], value)
+    joined = UncertainPrediction.cat([model.predict(frames[i:i + 1], times[i:i + 1], samples=4) for i in range(3)])
+    torch.testing.assert_close(joined.signals["deviation"], prediction.signals["deviation"], rtol=1e-4, atol=1e-6)
+
+
+def test_calibrate_fits_the_deviation_scale_of_a_levy_run_and_evaluation_scores_it(levy_run, tmp_path):
+    data = levy_run.parent / "data"
+    result = CliRunner().invoke(app, ["calibrate", str(levy_run), "--data", str(data)])
+    assert result.exit_code == 0, result.output
+    assert "a·σ̂ + b" in result.output
+    calibration = read_calibration(levy_run)
+    a, b = calibration.deviation_scale
+    assert len(a) == len(b) == 3 and all(v >= 0 for v in (*a, *b))
+    np.testing.assert_allclose(calibration.deviation_std(np.ones((2, 3))), np.broadcast_to(np.asarray(a) + np.asarray(b), (2, 3)))
+    saved = evaluate_run(levy_run, data, "val", corruptions=[])
+    clean = saved["conditions"]["clean"]
+    assert set(clean["per_action_deviation"]) == {"steer", "gas", "brake"}
+    assert clean["per_action_deviation"]["steer"]["mse"] == clean["per_action"]["steer"]["mse"]  # same mean, another scale
+    raw = json.loads((levy_run / CALIBRATION_FILE).read_text())
+    with pytest.raises(CalibrationError, match="deviation_scale must be"):
+        from nsacdrive.controllers.calibration import Calibration
+
+        Calibration.from_dict({**raw, "deviation_scale": [[1.0, 1.0], [0.0, 0.0, 0.0]]})

@@ -133,3 +133,22 @@ def test_plot_command_names_unknown_episodes_before_writing_anything(evaluation,
     assert result.exit_code == 2
     assert "--episodes: no episode nope" in normalize(result.output)
     assert not (tmp_path / "figs").exists()
+
+
+def test_the_severity_figure_draws_one_column_per_family_and_one_line_per_run():
+    from nsacdrive.eval.plots import SEVERITY_METRICS, corruption_of_condition, severity_figure
+
+    def row(run: str, condition: str, mse: float) -> dict:
+        return {"model": "nsac", "run": run, "condition": condition, "action": "steer", "mse": mse, "coverage_90": 0.9}
+
+    rows = [row(run, condition, mse) for run in ("a", "b")
+            for condition, mse in (("clean", 1.0), ("fog-1", 2.0), ("fog-3", 3.0), ("jpeg-5", 4.0), ("shift-3", 9.0))]
+    assert corruption_of_condition("fog-3") == ("fog", 3) and corruption_of_condition("shift-3") is None
+    fig = severity_figure(rows, "t")
+    axes = fig.axes
+    assert len(axes) == 2 * len(SEVERITY_METRICS)  # fog and jpeg; the colour preset is not a corruption
+    fog_mse = axes[0]
+    assert fog_mse.get_title() == "fog" and len(fog_mse.lines) == 2
+    np.testing.assert_array_equal(fog_mse.lines[0].get_xdata(), [0, 1, 3])  # clean at severity 0
+    np.testing.assert_array_equal(fog_mse.lines[0].get_ydata(), [1.0, 2.0, 3.0])
+    assert severity_figure([r for r in rows if r["condition"] in ("clean", "shift-3")], "t") is None

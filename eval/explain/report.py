@@ -76,7 +76,14 @@ from nsacdrive.eval.explain.saliency import (
     sanity_figure,
 )
 from nsacdrive.eval.offline import TABLE_METRICS, table_rows
-from nsacdrive.eval.plots import env_track, offline_figure, save_figure, write_episode_figures, write_evaluation_figures
+from nsacdrive.eval.plots import (
+    env_track,
+    offline_figure,
+    save_figure,
+    severity_figure,
+    write_episode_figures,
+    write_evaluation_figures,
+)
 from nsacdrive.eval.results import EvaluationError, choose_episodes, drive_config, group_label, load_aggregates, load_records
 from nsacdrive.eval.video import redrive_episode
 
@@ -284,13 +291,20 @@ class Report:
                 atomic_write_bytes(self.out / "data" / name, (folder / name).read_bytes())
                 links.append(self._link(self.out / "data" / name))
         figure = save_figure(offline_figure(rows, f"offline metrics ({folder.name})"), self.out / "figures" / "offline.png")
-        return "\n".join([
+        parts = [
             "<h2>2. Offline metrics</h2>",
             f"<p>Held-out recorded tracks, per model, condition and action; calibration: "
             f"{html.escape(str(data.get('calibration_convention', '')))}. Data: {', '.join(links)}.</p>",
             _table(rows, tuple(c for c in ("model", "run", "condition", "action", *TABLE_METRICS) if any(r.get(c) is not None for r in rows))),
             self._image(figure, "offline metrics"),
-        ])
+        ]
+        severity = severity_figure(rows, f"held-out corruptions ({folder.name})")
+        if severity is not None:
+            parts.append("<p>Against corruption severity, one line per run (steering; coverage is the recalibrated "
+                         "conformal one where the run has a calibration): where the error grows, the uncertainty "
+                         "and OOD scores should grow with it.</p>")
+            parts.append(self._image(save_figure(severity, self.out / "figures" / "severity.png"), "metrics against severity"))
+        return "\n".join(parts)
 
     def _gradcam_section(self) -> str:
         parts = ["<h2>3. Grad-CAM</h2>"]
