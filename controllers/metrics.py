@@ -501,6 +501,26 @@ def ood_auroc(uncertainty_in: npt.ArrayLike, uncertainty_out: npt.ArrayLike) -> 
     return float(u_stat / (u_in.size * n_out))
 
 
+def average_precision(score_negative: npt.ArrayLike, score_positive: npt.ArrayLike) -> float:
+    """Area under the precision–recall curve as average precision, AP = Σ_k (R_k − R_{k−1})·P_k over
+    the distinct score thresholds in descending order (scikit-learn's definition: a tie is one
+    threshold, so a constant score gets AP = the positive rate). Inputs as :func:`ood_auroc`'s."""
+    negative = _finite("score_negative", score_negative)
+    positive = _finite("score_positive", score_positive)
+    for name, arr in (("score_negative", negative), ("score_positive", positive)):
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
+    scores = np.concatenate([negative, positive])
+    labels = np.concatenate([np.zeros(negative.size), np.ones(positive.size)])
+    order = np.argsort(-scores, kind="stable")
+    ranked = scores[order]
+    last_of_tie = np.flatnonzero(np.r_[ranked[1:] != ranked[:-1], True])  # the end of each threshold's group
+    hits = np.cumsum(labels[order])[last_of_tie]
+    precision = hits / (last_of_tie + 1)
+    recall_step = np.diff(np.r_[0.0, hits]) / positive.size
+    return float(np.sum(recall_step * precision))
+
+
 # --------------------------------------------------------------------------- report
 
 

@@ -154,3 +154,13 @@ def make_registered(env_id: str, max_episode_steps: int, **kwargs: Any) -> gym.E
     if max_episode_steps <= 0:
         raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
     return gym.make(env_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)
+
+
+def env_track(colour_preset: str, track_seed: int) -> np.ndarray:
+    """``env.unwrapped.track`` rows (alpha, beta, x, y) of a seed, regenerated render-free."""
+    env = make_car_racing(colour_preset=colour_preset, render_observations=False)
+    try:
+        env.reset(seed=int(track_seed))
+        return np.asarray(env.unwrapped.track, dtype=np.float64)
+    finally:
+        env.close()

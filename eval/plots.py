@@ -31,7 +31,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from nsacdrive.common.atomic import atomic_path
-from nsacdrive.envs.car_racing import make_car_racing
+from nsacdrive.envs.car_racing import env_track
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.eval.results import condition_label, group_label, load_aggregates, load_episode, load_records
 
@@ -58,16 +58,6 @@ class TrackMap:
         left, right = centre - offset, centre + offset
         road = np.stack([left, right, np.roll(right, 1, axis=0), np.roll(left, 1, axis=0)], axis=1)
         return cls(centreline=centre, road=road)
-
-
-def env_track(colour_preset: str, track_seed: int) -> np.ndarray:
-    """``env.unwrapped.track`` rows (alpha, beta, x, y) of a seed, regenerated render-free."""
-    env = make_car_racing(colour_preset=colour_preset, render_observations=False)
-    try:
-        env.reset(seed=int(track_seed))
-        return np.asarray(env.unwrapped.track, dtype=np.float64)
-    finally:
-        env.close()
 
 
 def track_map(colour_preset: str, track_seed: int) -> TrackMap:
@@ -326,6 +316,56 @@ def severity_figure(rows: list[dict[str, Any]], title: str, action: str = "steer
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=6)
     fig.suptitle(f"{title}: {action}, clean (0) to severity 5")
+    return fig
+
+
+def monitor_window_figure(result: dict[str, Any], window: str) -> Figure:
+    """Precision, recall, F3 and FPR of every monitor score at one reaction window (``monitor.json``)."""
+    names = list(result["scores"])
+    metrics = ("precision", "recall", "f3", "fpr")
+    fig = new_figure(figsize=(max(6.0, 1.1 * len(names) + 2), 4))
+    ax = fig.subplots()
+    width = 0.8 / len(metrics)
+    for i, metric in enumerate(metrics):
+        values = [result["scores"][n]["windows"][window][metric] for n in names]
+        x = [k + (i - (len(metrics) - 1) / 2) * width for k, v in enumerate(values) if v is not None]
+        ax.bar(x, [v for v in values if v is not None], width * 0.9, color=f"C{i}", label=metric)
+    ax.set_xticks(range(len(names)), [n + ("" if result["scores"][n]["uses_uncertainty"] else "\n(baseline)") for n in names],
+                  fontsize=7)
+    ax.axhline(0.9, color="0.5", lw=0.8, ls="--")
+    ax.set_ylim(0, 1.05)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title(f"misbehaviour prediction, {window} s reaction window (threshold: {result['config']['threshold']})")
+    return fig
+
+
+def monitor_traces_figure(episodes: list[Any], result: dict[str, Any], names: list[str], limit: int = 4) -> Figure | None:
+    """Scores over time divided by their thresholds (an alarm is a value above 1) for up to ``limit``
+    episodes with failures: onsets as red lines, the second before each shaded; None without failures."""
+    chosen = [e for e in episodes if e.events][:limit]
+    if not chosen:
+        return None
+    fig = new_figure(figsize=(12, 2.4 * len(chosen) + 0.5))
+    axes = fig.subplots(len(chosen), 1, squeeze=False)[:, 0]
+    for ax, episode in zip(axes, chosen):
+        t = np.arange(episode.steps) / 50.0
+        for i, name in enumerate(n for n in names if n in episode.scores):
+            ratio = episode.scores[name] / result["scores"][name]["threshold"]
+            ax.plot(t, ratio, lw=0.9, color=f"C{i}", label=name)
+            alarms = ratio > 1
+            ax.plot(t[alarms], np.full(int(alarms.sum()), 1.9 - 0.08 * i), "|", color=f"C{i}", ms=4)
+        for event in episode.events:
+            ax.axvline(event.onset / 50.0, color="red", lw=1.2)
+            ax.axvspan(max(event.onset - 50, 0) / 50.0, event.onset / 50.0, color="red", alpha=0.12)
+            ax.text(event.onset / 50.0, 1.95, f" {event.kind}", color="red", fontsize=7, va="top")
+        ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+        ax.set_ylim(0, 2.0)
+        ax.set_ylabel("score / threshold", fontsize=8)
+        ax.set_title(episode.episode_id, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=len(names), loc="upper left")
+    axes[-1].set_xlabel("time (s)")
     return fig
 
 

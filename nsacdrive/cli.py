@@ -418,6 +418,40 @@ def evaluate_offline(
     typer.echo(f"tables → {out}/offline.md, offline.csv, offline.json")
 
 
+@app.command()
+def monitor(
+    evaluations: list[Path] = typer.Argument(..., help="Evaluation folders from `nsacdrive eval` (failures, e.g. under --corruption)."),
+    fit: Optional[list[Path]] = typer.Option(None, "--fit", help="Evaluation folder(s) of nominal (clean) laps to set the thresholds on; default: the evaluations' own clean episodes."),
+    out: Path = typer.Option(Path("runs/monitor"), "--out", help="Folder for monitor.json, monitor.md and figures/."),
+    threshold: str = typer.Option("gamma", "--threshold", help="gamma: the --quantile of a Gamma fitted to the nominal scores; window-rate: exceeded in --false-alarm-rate of nominal 1 s windows."),
+    quantile: float = typer.Option(0.95, "--quantile", min=0.5, max=0.9999),
+    false_alarm_rate: float = typer.Option(0.05, "--false-alarm-rate", min=0.0001, max=0.5),
+    windows: str = typer.Option("1,2,3", "--windows", help="Reaction windows in whole seconds."),
+    smooth_steps: int = typer.Option(10, "--smooth", min=1, help="Trailing mean over this many steps (1/50 s each)."),
+) -> None:
+    """Does each score warn before the car fails? Thresholds on nominal laps; precision, recall, F3 per reaction window."""
+    check_output_folder(out)
+    from nsacdrive.eval.monitor import THRESHOLDS, MonitorConfig, run_monitor, write_monitor
+
+    if threshold not in THRESHOLDS:
+        raise typer.BadParameter(f"expected one of {', '.join(THRESHOLDS)}, got {threshold!r}", param_hint="--threshold")
+    try:
+        window_s = tuple(int(w) for w in split_names(windows))
+        config = MonitorConfig(windows_s=window_s, smooth_steps=smooth_steps, threshold=threshold, quantile=quantile,
+                               false_alarm_rate=false_alarm_rate)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--windows") from None
+    from nsacdrive.eval.results import EvaluationError
+
+    try:
+        result, episodes = run_monitor(evaluations, fit or [], config)
+    except (EvaluationError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(write_monitor(result, episodes, out))
+    typer.echo(f"→ {out}/monitor.json, monitor.md, figures/")
+
+
 @app.command("eval")
 def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),

@@ -49,6 +49,7 @@ from nsacdrive.common.atomic import (
 from nsacdrive.common.workers import torch_threads
 from nsacdrive.controllers.run import load_run
 from nsacdrive.data_collection.dataset import INTRO_STEPS, sequence_offsets, sequence_timestamps
+from nsacdrive.envs.car_racing import env_track
 from nsacdrive.eval.closed_loop import EpisodeKey, run_episode
 from nsacdrive.eval.driver import history_indices
 from nsacdrive.eval.explain.potentials import (
@@ -77,7 +78,6 @@ from nsacdrive.eval.explain.saliency import (
 )
 from nsacdrive.eval.offline import TABLE_METRICS, table_rows
 from nsacdrive.eval.plots import (
-    env_track,
     offline_figure,
     save_figure,
     severity_figure,

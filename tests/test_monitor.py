@@ -1,0 +1,192 @@
+"""Misbehaviour events on constructed traces, and the monitor protocol (thresholds, windows, F3) by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from run_fixtures import tiny_run
+from typer.testing import CliRunner
+
+from nsacdrive.cli import app
+from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour, misbehaviour_events
+from nsacdrive.eval.monitor import (
+    EpisodeScores,
+    MonitorConfig,
+    WindowCounts,
+    count_windows,
+    frame_labels,
+    frame_metrics,
+    gamma_threshold,
+    nominal_windows,
+    smooth,
+    window_rate_threshold,
+)
+
+FPS = 50
+
+
+def trace(n: int = 800) -> dict[str, np.ndarray]:
+    """A car on the centreline at cruising speed, after a standing start."""
+    speed = np.full(n, 60.0)
+    speed[:40] = np.linspace(0, 60, 40)
+    return {"lateral_error": np.zeros(n), "heading_error": np.zeros(n), "speed": speed}
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_a_nominal_lap_with_a_standing_start_has_no_event():
+    assert misbehaviour_events(trace(), "lap_finished") == []
+
+
+def test_each_kind_of_misbehaviour_is_found_at_its_onset():
+    a = trace()
+    a["lateral_error"][200:230] = 7.0  # just beyond the half width 6.67
+    a["heading_error"][400:420] = -2.0  # facing backwards
+    a["speed"][600:] = 0.5  # stopped for 4 s
+    events = misbehaviour_events(a, "time_limit")
+    assert events == [Event(200, 230, "off_road"), Event(400, 420, "spin"), Event(600, 800, "stall")]
+
+
+def test_symptoms_closer_than_the_recovery_time_are_one_failure():
+    a = trace()
+    a["lateral_error"][200:220] = 8.0
+    a["lateral_error"][220 + FPS - 1: 260 + FPS] = -8.0  # back on the road for 49 steps < 50
+    a["lateral_error"][400:410] = 9.0  # 90+ steps later: a new failure
+    events = misbehaviour_events(a, "time_limit")
+    assert [(e.onset, e.end) for e in events] == [(200, 260 + FPS), (400, 410)]
+
+
+def test_a_short_slowdown_is_no_stall_and_leaving_the_playfield_is_an_event_on_the_last_step():
+    a = trace()
+    a["speed"][300:300 + 2 * FPS - 1] = 0.0  # one step short of 2 s
+    assert not misbehaviour(a, "time_limit")["stall"].any()
+    events = misbehaviour_events(a, "left_playfield")
+    assert events == [Event(799, 800, "left_playfield")]
+    a["lateral_error"][780:] = 9.0
+    assert misbehaviour_events(a, "left_playfield") == [Event(780, 800, "off_road")]  # the same failure
+
+
+def test_event_config_changes_what_counts():
+    a = trace()
+    a["lateral_error"][100:120] = 5.0
+    assert misbehaviour_events(a, "time_limit") == []
+    assert misbehaviour_events(a, "time_limit", EventConfig(half_width=4.0)) == [Event(100, 120, "off_road")]
+
+
+# --------------------------------------------------------------------------- scores and thresholds
+
+
+def test_smoothing_is_a_trailing_mean_that_never_looks_ahead():
+    values = np.array([0.0, 3.0, 6.0, 9.0, 100.0])
+    np.testing.assert_allclose(smooth(values, 3), [0.0, 1.5, 3.0, 6.0, 115 / 3])
+
+
+def test_the_gamma_threshold_recovers_the_quantile_of_gamma_data():
+    from scipy import stats
+
+    values = stats.gamma.rvs(2.5, scale=0.3, size=20_000, random_state=np.random.default_rng(0))
+    expected = stats.gamma.ppf(0.95, 2.5, scale=0.3)
+    # maximum likelihood on 20,000 samples: the quantile within 2 % (its s.e. is ~0.5 %)
+    assert gamma_threshold(values, 0.95) == pytest.approx(expected, rel=0.02)
+    with pytest.raises(ValueError, match="2 distinct"):
+        gamma_threshold(np.ones(10), 0.95)
+
+
+def test_the_window_rate_threshold_is_exceeded_by_that_share_of_windows():
+    maxima = np.arange(100.0)
+    threshold = window_rate_threshold(maxima, 0.05)
+    assert np.mean(maxima > threshold) == pytest.approx(0.05, abs=0.011)
+
+
+# --------------------------------------------------------------------------- windows by hand
+
+
+def episode(steps: int, events: list[Event], score: np.ndarray, warmup: int = 0, margin_s: int = 3) -> EpisodeScores:
+    nominal = np.ones(steps, dtype=bool)
+    nominal[:warmup] = False
+    for e in events:
+        nominal[max(e.onset - margin_s * FPS, 0): e.end] = False
+    return EpisodeScores("ep", True, events, {"s": score}, np.zeros(steps), nominal, warmup)
+
+
+def test_windows_counted_by_hand():
+    """600 steps; one failure at step 500 (ends 550); an alarm 40 steps before it and one at step 30.
+
+    Nominal steps: 0–349 (3 s margin before 500) and 550–599. At 1 s: windows 0–49 (alarm at 30: FP),
+    50–99, …, 300–349 (six TN), 550–599 (TN) → FP 1, TN 7; the failure: alarm at 460 inside
+    [450, 500) → TP, lead 0.8 s. At 2 s: windows 0–99 (FP), 100–199, 200–299 (TN; 300–349 is
+    too short) and none after the failure → FP 1, TN 2; TP with the same lead."""
+    score = np.zeros(600)
+    score[30] = score[460] = 5.0
+    ep = episode(600, [Event(500, 550, "off_road")], score)
+    assert nominal_windows(ep, 50)[0] == (0, 50) and len(nominal_windows(ep, 50)) == 8
+    one = count_windows([ep], "s", 1.0, 1)
+    assert (one.tp, one.fn, one.fp, one.tn) == (1, 0, 1, 7) and one.leads_s == (0.8,)
+    two = count_windows([ep], "s", 1.0, 2)
+    assert (two.tp, two.fn, two.fp, two.tn) == (1, 0, 1, 2)
+    missed = count_windows([ep], "s", 10.0, 1)
+    assert (missed.tp, missed.fn, missed.fp, missed.tn) == (0, 1, 0, 8)
+
+
+def test_f3_precision_recall_and_fpr_by_hand():
+    counts = WindowCounts(tp=8, fp=20, fn=2, tn=80, leads_s=(0.5, 1.0, 2.0))
+    assert counts.f3 == pytest.approx(8 / (8 + 0.1 * 20 + 0.9 * 2))
+    assert counts.precision == pytest.approx(8 / 28) and counts.recall == pytest.approx(0.8) and counts.fpr == pytest.approx(0.2)
+    assert counts.to_dict()["median_lead_s"] == 1.0
+    assert WindowCounts(0, 0, 0, 0, ()).to_dict()["f3"] is None
+
+
+def test_frame_labels_and_metrics_of_a_perfect_warning():
+    score = np.zeros(600)
+    score[450:500] = 1.0  # high exactly in the second before the failure
+    ep = episode(600, [Event(500, 550, "spin")], score, warmup=50)
+    labels = frame_labels(ep)
+    assert (labels[450:500] == 1).all() and (labels[50:350] == 0).all() and (labels[:50] == -1).all() and (labels[350:450] == -1).all()
+    metrics = frame_metrics([ep], "s", strata=1)
+    assert metrics["auroc"] == 1.0 and metrics["auprc"] == 1.0 and metrics["stratified_auroc"] == 1.0
+
+
+def test_a_failure_in_the_warm_up_is_not_counted():
+    ep = episode(300, [Event(20, 60, "off_road")], np.zeros(300), warmup=50)
+    counts = count_windows([ep], "s", 1.0, 1)
+    assert counts.tp + counts.fn == 0
+
+
+def test_monitor_config_rejects_bad_settings():
+    with pytest.raises(ValueError, match="threshold"):
+        MonitorConfig(threshold="median")
+    with pytest.raises(ValueError, match="windows_s"):
+        MonitorConfig(windows_s=())
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory):
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+
+    folder = tmp_path_factory.mktemp("monitor")
+    run = tiny_run(folder, seeds=(0, 1), split=("0", "1", "2"))
+    evaluate_closed_loop(EvalConfig(runs=[run], seeds=[3, 4], colour_presets=["default", "shift-3"],
+                                    drive=DriveConfig(max_steps=150)), folder / "eval", progress=False)
+    return folder / "eval"
+
+
+def test_the_command_writes_every_score_with_its_windows(evaluation, tmp_path):
+    result = CliRunner().invoke(app, ["monitor", str(evaluation), "--out", str(tmp_path / "mon"), "--windows", "1,2"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "mon" / "monitor.json").read_text())
+    assert saved["episodes"] == 4 and saved["nominal_episodes"] == 2  # the clean ones set the thresholds
+    assert {"steer_std", "abs_steer", "speed", "curvature"} <= set(saved["scores"])
+    for entry in saved["scores"].values():
+        assert set(entry["windows"]) == {"1", "2"}
+        assert set(entry["windows"]["1"]) == {"tp", "fp", "fn", "tn", "precision", "recall", "fpr", "f3", "median_lead_s"}
+        assert np.isfinite(entry["threshold"])
+    assert (tmp_path / "mon" / "monitor.md").read_text().startswith("| score |")
+    assert (tmp_path / "mon" / "figures" / "window-1s.png").is_file()
+    bad = CliRunner().invoke(app, ["monitor", str(evaluation), "--out", str(tmp_path / "bad"), "--threshold", "median"])
+    assert bad.exit_code == 2 and "--threshold" in bad.output
