@@ -51,16 +51,20 @@ from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, RENDERERS
+from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
-from nsacdrive.eval.modes import INFERENCE_MODES
+from nsacdrive.eval.modes import FALLBACKS, INFERENCE_MODES
+from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, LiveMonitor
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
+#: ``--fallback slow`` above its speed: no gas and this much brake; at or below it, gas at most SLOW_GAS.
+SLOW_BRAKE = 0.2
+SLOW_GAS = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class DriveConfig:
     :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
     :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
     :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
+    :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
+        smoothed over ``monitor_smooth`` steps, alarming above ``monitor_threshold`` after
+        ``monitor_warmup`` steps (``nsacdrive monitor`` fits them); None: no monitor
+    :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
+        only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
+        privileged expert drives: an intervention), each for ``fallback_steps`` after the last alarm
     """
 
     max_steps: int = MAX_EPISODE_STEPS
@@ -93,6 +103,13 @@ class DriveConfig:
     throttle_cap: float | None = None
     renderer: str = "fast"
     raw: bool = False
+    monitor_score: str | None = None
+    monitor_threshold: float | None = None
+    monitor_smooth: int = 10
+    monitor_warmup: int = FPS
+    fallback: str = "none"
+    fallback_steps: int = FPS
+    fallback_speed: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -103,6 +120,16 @@ class DriveConfig:
             raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
         if self.renderer not in RENDERERS:
             raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
+        if (self.monitor_score is None) != (self.monitor_threshold is None):
+            raise ValueError("drive config monitor_score and monitor_threshold go together")
+        if self.monitor_score is not None and self.monitor_score not in SCORES:
+            raise ValueError(f"drive config monitor_score: expected one of {', '.join(SCORES)}, got {self.monitor_score!r}")
+        if self.fallback not in FALLBACKS:
+            raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if self.fallback != "none" and self.monitor_score is None:
+            raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
+        if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:
+            raise ValueError("drive config monitor_smooth and fallback_steps must be >= 1, monitor_warmup and fallback_speed >= 0")
 
 
 @dataclass
@@ -128,6 +155,8 @@ class EpisodeRecord:
     mean_steer_std: float = math.nan
     clip_rate: float = math.nan
     corruption: str = NO_CORRUPTION
+    alarms: int = 0  # monitor alarm onsets
+    fallback_fraction: float = 0.0  # share of steps driven by the fallback (with ``expert``: the intervention rate)
 
     @property
     def driving_score(self) -> float:
@@ -147,7 +176,9 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
 
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
-              "expert_action", "aleatoric", "epistemic", "attention", "density")
+              "expert_action", "aleatoric", "epistemic", "attention", "density", "monitor_score", "fallback")
+#: Log fields that older logs lack, and their value when absent (per step).
+OPTIONAL_LOG_FIELDS = {"density": math.nan, "monitor_score": math.nan, "fallback": 0.0}
 
 
 def corruption_of(name: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
@@ -186,6 +217,12 @@ class EpisodeDrive:
         self.traceback = ""
         self.env: Any = None
         self.corrupt = corruption_of(key.corruption)
+        self.drive = drive
+        self.monitor = None if drive.monitor_score is None else LiveMonitor(
+            drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
+        self.fallback_left = 0
+        self.alarming = False
+        self.alarms = 0
         if observation is None:
             return
         try:
@@ -215,15 +252,21 @@ class EpisodeDrive:
             if not bool(torch.isfinite(mean).all()):
                 raise FloatingPointError(f"non-finite action {mean.numpy().tolist()}")
             action = clip_to_box(mean).numpy().astype(np.float32)
-            executed = throttle_cap(action, steer_std, cap)
             state, log = self.state, self.log
+            expert_action = self.expert.act(self.observation, state)
+            score, active = self.watch(prediction, row)
+            executed = throttle_cap(action, steer_std, cap)
+            if active:
+                executed = self.fall_back(executed, expert_action)
             log["raw_action"].append(mean.numpy())
             log["aleatoric"].append(prediction.aleatoric[row].numpy())
             log["epistemic"].append(prediction.epistemic[row].numpy())
             log["attention"].append(prediction.attention[row].numpy())
             log["density"].append(float(prediction.density[row]))
+            log["monitor_score"].append(score)
+            log["fallback"].append(float(active))
             log["executed_action"].append(executed)
-            log["expert_action"].append(self.expert.act(self.observation, state))
+            log["expert_action"].append(expert_action)
             log["pose"].append((state.pose.x, state.pose.y, state.pose.angle))
             log["speed"].append(state.pose.forward_speed)
             log["lateral_error"].append(state.lateral_error)
@@ -236,6 +279,37 @@ class EpisodeDrive:
             self.speed = self.state.pose.forward_speed
         except Exception as exc:
             self.fail(exc)
+
+    def watch(self, prediction: UncertainPrediction, row: int) -> tuple[float, bool]:
+        """This step's smoothed monitor score (NaN without a monitor) and whether the fallback acts now."""
+        if self.monitor is None:
+            return math.nan, False
+        state = self.state
+        step = {"aleatoric": prediction.aleatoric[row].numpy()[None], "epistemic": prediction.epistemic[row].numpy()[None],
+                "density": np.array([float(prediction.density[row])]), "attention": prediction.attention[row].numpy()[None],
+                "raw_action": prediction.mean[row].numpy()[None], "speed": np.array([state.pose.forward_speed])}
+        if self.drive.monitor_score == "curvature":
+            ahead = self.env.unwrapped.geometry.curvature_ahead(np.array([state.progress]), CURVATURE_DISTANCES)
+            step["curvature"] = np.abs(ahead).max(1)
+        score, alarm = self.monitor.update(step)
+        self.alarms += int(alarm and not self.alarming)
+        self.alarming = alarm
+        if alarm:
+            self.fallback_left = self.drive.fallback_steps
+        active = self.drive.fallback != "none" and self.fallback_left > 0
+        self.fallback_left = max(self.fallback_left - 1, 0)
+        return score, active
+
+    def fall_back(self, executed: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
+        """The action of the fallback in charge: the expert's, or the controller's slowed down."""
+        if self.drive.fallback == "expert":
+            return np.asarray(expert_action, dtype=np.float32)
+        slowed = executed.copy()
+        if self.state.pose.forward_speed > self.drive.fallback_speed:
+            slowed[1], slowed[2] = 0.0, max(float(slowed[2]), SLOW_BRAKE)
+        else:
+            slowed[1] = min(float(slowed[1]), SLOW_GAS)
+        return slowed
 
     def result(self, model: str) -> tuple[EpisodeRecord, dict[str, np.ndarray]]:
         key = self.key
@@ -262,6 +336,8 @@ class EpisodeDrive:
             mean_steer_std=float(np.sqrt(arrays["aleatoric"][:, 0] + arrays["epistemic"][:, 0]).mean()),
             clip_rate=float(np.mean(np.any(np.abs(raw - np.clip(raw, [-1, 0, 0], [1, 1, 1])) > 0, axis=1))) if len(raw) else 0.0,
             corruption=key.corruption,
+            alarms=self.alarms,
+            fallback_fraction=float(arrays["fallback"].mean()) if len(raw) else 0.0,
         )
         return record, arrays
 
@@ -512,6 +588,9 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
             "score_mean": float(scores.mean()),
             "mean_abs_lateral_error": float(np.mean([r["mean_abs_lateral_error"] for r in ok])) if ok else math.nan,
             "driving_score": float(np.mean([r["driving_score"] for r in items])),
+            "alarms_per_episode": float(np.mean([r.get("alarms", 0) for r in ok])) if ok else math.nan,
+            "fallback_fraction": float(np.mean([r.get("fallback_fraction", 0.0) for r in ok])) if ok else math.nan,
+            "mean_lap_steps": float(np.mean([r["steps"] for r in ok if r["lap_finished"]])) if any(r["lap_finished"] for r in ok) else math.nan,
         })
     return rows
 

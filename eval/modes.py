@@ -8,3 +8,5 @@ THROTTLE_MODES = ("law", "model")
 OFFLINE_SPLITS = ("test", "val")
 #: Training sequences ``nsacdrive calibrate`` fits the feature density on by default (``eval/calibrate.py``).
 DENSITY_SAMPLES = 8192
+#: What ``nsacdrive eval --fallback`` does on a monitor alarm (``eval/closed_loop.py``).
+FALLBACKS = ("none", "slow", "expert")

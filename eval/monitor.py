@@ -30,7 +30,7 @@ nominal steps of the evaluated episodes without corruption or colour shift when 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,11 +41,10 @@ from nsacdrive.controllers.metrics import average_precision, ood_auroc
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events
+from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
 from nsacdrive.eval.results import EvaluationError, load_episode, load_records
 
 THRESHOLDS = ("gamma", "window-rate")
-#: Distances ahead (world units) over which the curvature baseline takes its largest |curvature|.
-CURVATURE_DISTANCES = np.arange(5.0, 45.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -75,41 +74,6 @@ class MonitorConfig:
 # --------------------------------------------------------------------------- scores
 
 
-def _std(part: str | None, action: int = 0) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
-    def score(arrays: dict[str, np.ndarray]) -> np.ndarray:
-        variance = arrays["aleatoric"] + arrays["epistemic"] if part is None else arrays[part]
-        return np.sqrt(np.maximum(variance[:, action], 0.0))
-    return score
-
-
-def _attention_entropy(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    p = np.clip(arrays["attention"], 1e-12, None)
-    p = p / p.sum(1, keepdims=True)
-    return -(p * np.log(p)).sum(1)
-
-
-#: name → (what it is, whether it uses the model's uncertainty, per-step score from the log).
-SCORES: dict[str, tuple[str, bool, Callable[[dict[str, np.ndarray]], np.ndarray]]] = {
-    "steer_std": ("predictive steering std √(aleatoric + epistemic)", True, _std(None)),
-    "steer_aleatoric": ("aleatoric steering std", True, _std("aleatoric")),
-    "steer_epistemic": ("epistemic steering std", True, _std("epistemic")),
-    "gas_std": ("predictive gas std", True, _std(None, 1)),
-    "density": ("feature-density score of the frame (density.safetensors)", True, lambda a: a["density"]),
-    "attention_entropy": ("entropy of the attention over the frames (attending heads)", True, _attention_entropy),
-    "abs_steer": ("|predicted steering| (no uncertainty)", False, lambda a: np.abs(a["raw_action"][:, 0])),
-    "speed": ("measured speed (no uncertainty)", False, lambda a: a["speed"]),
-    "curvature": ("largest |curvature| 5–40 units ahead (no uncertainty, privileged map)", False, lambda a: a["curvature"]),
-}
-
-
-def smooth(values: np.ndarray, steps: int) -> np.ndarray:
-    """Trailing mean over the last ``steps`` steps (fewer at the start): causal, as a monitor sees it."""
-    total = np.cumsum(np.concatenate([[0.0], values]))
-    index = np.arange(1, len(values) + 1)
-    start = np.maximum(index - steps, 0)
-    return (total[index] - total[start]) / (index - start)
-
-
 @dataclass
 class EpisodeScores:
     """One episode's smoothed scores, its failures and which steps are nominal."""
@@ -135,7 +99,7 @@ def episode_scores(record: dict[str, Any], arrays: dict[str, np.ndarray], config
     arrays = {**arrays, "curvature": curvature}
     scores = {}
     for name, (_, _, compute) in SCORES.items():
-        if any(key not in arrays for key in _inputs(name)):  # logs written before the field existed
+        if any(key not in arrays for key in score_inputs(name)):  # logs written before the field existed
             continue
         values = np.asarray(compute(arrays), dtype=np.float64)
         if values.shape == (len(curvature),) and np.all(np.isfinite(values)):
@@ -149,10 +113,6 @@ def episode_scores(record: dict[str, Any], arrays: dict[str, np.ndarray], config
         nominal[max(event.onset - margin, 0): event.end] = False
     clean = record.get("colour_preset") == "default" and record.get("corruption", "none") == "none"
     return EpisodeScores(record["episode_id"], clean, events, scores, curvature, nominal, config.warmup_steps)
-
-
-def _inputs(name: str) -> tuple[str, ...]:
-    return {"density": ("density",), "attention_entropy": ("attention",)}.get(name, ())
 
 
 def load_scores(eval_dirs: Sequence[Path], config: MonitorConfig) -> tuple[list[EpisodeScores], list[str]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from nsacdrive.eval.closed_loop import LOG_FIELDS, DriveConfig
+from nsacdrive.eval.closed_loop import LOG_FIELDS, OPTIONAL_LOG_FIELDS, DriveConfig
 
 
 class EvaluationError(ValueError):
@@ -59,8 +59,9 @@ def load_episode(eval_dir: Path, episode_id: str) -> tuple[dict[str, Any], dict[
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError) as exc:
         raise EvaluationError(f"{path}: cannot read the per-step log ({exc})") from None
-    if "density" not in arrays and "speed" in arrays:  # optional: NaN for runs without a feature density, and in older logs
-        arrays["density"] = np.full(len(arrays["speed"]), np.nan, dtype=np.float32)
+    for name, value in OPTIONAL_LOG_FIELDS.items():  # fields that older logs lack
+        if name not in arrays and "speed" in arrays:
+            arrays[name] = np.full(len(arrays["speed"]), value, dtype=np.float32)
     missing = [name for name in LOG_FIELDS if name not in arrays]
     if missing:
         raise EvaluationError(f"{path}: the per-step log lacks {', '.join(missing)}; re-run `nsacdrive eval` with this version")

@@ -107,7 +107,9 @@ def _presets(text: str) -> list[str]:
 SETTING_FLAGS = {
     "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
     "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
-    "drive.renderer": "--renderer", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
+    "drive.renderer": "--renderer", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
+    "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
+    "drive.fallback_steps": "--fallback-seconds", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
     "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
@@ -468,6 +470,10 @@ def closed_loop_eval(
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY (`nsacdrive env corruptions`), or all."),
+    monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
+    monitor_score: str = typer.Option("steer_std", "--monitor-score", help="The score of --monitor that raises alarms."),
+    fallback: str = typer.Option("none", "--fallback", help="On an alarm: none (log it), slow (no gas above 30 units/s), or expert (the privileged expert drives; an intervention)."),
+    fallback_seconds: float = typer.Option(1.0, "--fallback-seconds", min=0.02, help="How long the fallback acts after the last alarm."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
     backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
@@ -482,7 +488,11 @@ def closed_loop_eval(
         raise typer.BadParameter("--address: only used with --backend ray")
     _load_runs(runs, raw=raw)  # the workers load their own copies (other processes, or one per lockstep group)
     try:
-        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw)
+        monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
+        if fallback != "none" and monitor_dir is None:
+            raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
+        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw,
+                            fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
         corruptions = tuple(s.name for s in parse_corruptions("all")) if corruption.strip() == "all" else \
             tuple(c.strip() for c in corruption.split(","))
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
@@ -503,7 +513,28 @@ def closed_loop_eval(
         typer.echo(f"{r['run'] + ' (' + r['model'] + ')':<{width}}{condition(r):<{cw}}{r['episodes']:>9}{r['failed']:>7}"
                    f"{100 * r['success_mean']:>9.0f}% ± {100 * r['success_std']:<3.0f}{100 * r['score_ge_900']:>6.0f}%"
                    f"{100 * r['score_ge_860']:>6.0f}%{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
+    if drive.monitor_score is not None:
+        typer.echo(f"monitor {drive.monitor_score} > {drive.monitor_threshold:.4g} (smoothed over {drive.monitor_smooth} steps), "
+                   f"fallback {drive.fallback}:")
+        for r in rows:
+            lap = f"{r['mean_lap_steps'] / 50:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
+            typer.echo(f"  {r['run']} {condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
+                       f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}")
     typer.echo(f"per-step logs and summary → {out}")
+
+
+def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:
+    """DriveConfig's monitor fields from a ``nsacdrive monitor`` folder: the score's threshold, the smoothing, the warm-up."""
+    path = monitor_dir / "monitor.json"
+    try:
+        saved = json.loads(path.read_text())
+        entry = saved["scores"].get(score)
+        if entry is None:
+            raise typer.BadParameter(f"{path} has no score {score!r}; it has {', '.join(saved['scores'])}", param_hint="--monitor-score")
+        return {"monitor_score": score, "monitor_threshold": float(entry["threshold"]),
+                "monitor_smooth": int(saved["config"]["smooth_steps"]), "monitor_warmup": int(saved["config"]["warmup_steps"])}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise typer.BadParameter(f"{path}: not a `nsacdrive monitor` result ({exc})", param_hint="--monitor") from None
 
 
 @app.command("plot")

@@ -190,3 +190,61 @@ def test_the_command_writes_every_score_with_its_windows(evaluation, tmp_path):
     assert (tmp_path / "mon" / "figures" / "window-1s.png").is_file()
     bad = CliRunner().invoke(app, ["monitor", str(evaluation), "--out", str(tmp_path / "bad"), "--threshold", "median"])
     assert bad.exit_code == 2 and "--threshold" in bad.output
+
+
+# --------------------------------------------------------------------------- the fallback in the loop
+
+
+@pytest.fixture(scope="module")
+def run(evaluation):
+    return evaluation.parent / "run"
+
+
+def test_a_drive_config_refuses_a_fallback_without_a_monitor_and_unknown_scores():
+    from nsacdrive.eval.closed_loop import DriveConfig
+
+    with pytest.raises(ValueError, match="needs a monitor"):
+        DriveConfig(fallback="expert")
+    with pytest.raises(ValueError, match="monitor_score"):
+        DriveConfig(monitor_score="luck", monitor_threshold=1.0)
+    with pytest.raises(ValueError, match="go together"):
+        DriveConfig(monitor_score="steer_std")
+
+
+def test_the_live_score_is_the_offline_score_of_the_same_log(run):
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+    from nsacdrive.eval.monitor_scores import SCORES
+
+    drive = DriveConfig(max_steps=80, monitor_score="steer_std", monitor_threshold=1e9, monitor_smooth=7)
+    record, log = run_episode(EpisodeKey(str(run), "default", 5, 0), drive)
+    offline = smooth(SCORES["steer_std"][2](log).astype(np.float64), 7)
+    np.testing.assert_allclose(log["monitor_score"], offline, rtol=1e-5, atol=1e-7)  # float32 log against float64
+    assert record.alarms == 0 and record.fallback_fraction == 0.0
+
+
+def test_the_expert_takes_over_on_every_alarm_after_the_warm_up(run):
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+
+    key = EpisodeKey(str(run), "default", 5, 0)
+    drive = DriveConfig(max_steps=80, monitor_score="steer_std", monitor_threshold=0.0, monitor_warmup=20, fallback="expert")
+    record, log = run_episode(key, drive)
+    np.testing.assert_array_equal(log["fallback"], np.r_[np.zeros(20), np.ones(len(log["fallback"]) - 20)])
+    np.testing.assert_array_equal(log["executed_action"][20:], log["expert_action"][20:])  # the hand-over
+    assert not np.array_equal(log["executed_action"][:20], log["expert_action"][:20])
+    assert record.alarms == 1 and record.fallback_fraction == pytest.approx(60 / 80)
+
+
+def test_slow_cuts_the_gas_and_the_fallback_outlasts_the_alarm(run):
+    from nsacdrive.eval.closed_loop import SLOW_BRAKE, SLOW_GAS, DriveConfig, EpisodeKey, run_episode
+
+    drive = DriveConfig(max_steps=120, monitor_score="steer_std", monitor_threshold=0.0, monitor_warmup=30, fallback="slow",
+                        fallback_speed=5.0)
+    _, log = run_episode(EpisodeKey(str(run), "default", 5, 0), drive)
+    active = log["fallback"] > 0
+    fast = log["speed"] > 5.0
+    executed = log["executed_action"]
+    assert np.all(executed[active & fast, 1] == 0) and np.all(executed[active & fast, 2] >= SLOW_BRAKE)
+    assert np.all(executed[active & ~fast, 1] <= SLOW_GAS + 1e-7)
+    one_alarm = DriveConfig(max_steps=120, monitor_score="speed", monitor_threshold=1e9, fallback="slow")
+    _, quiet = run_episode(EpisodeKey(str(run), "default", 5, 0), one_alarm)
+    assert not quiet["fallback"].any()
