@@ -582,6 +582,7 @@ def report(
     out: Path = typer.Option(..., "--out", help="Report folder: index.html, figures/, data/."),
     run: Optional[str] = typer.Option(None, "--run", help="Run to explain: its name in the evaluation or its folder (default: the evaluation's only run)."),
     offline: Optional[Path] = typer.Option(None, "--offline", help="An `nsacdrive evaluate-offline --out` folder whose table to include."),
+    monitor: Optional[Path] = typer.Option(None, "--monitor", help="An `nsacdrive monitor --out` folder whose table and figures to include."),
     episodes: Optional[str] = typer.Option(None, "--episodes", help="Comma-separated episode ids to explain (default: the run's best-scoring track, clean and perturbed)."),
     frames: int = typer.Option(4, "--frames", min=1, help="Grad-CAM frames sampled along the lap."),
     perturbation: Optional[str] = typer.Option(None, "--perturbation", help=f"Colour preset of the perturbed Grad-CAM frames, one of {PRESETS} (default: the evaluation's first non-default preset, else shift-3)."),
@@ -598,7 +599,7 @@ def report(
         if perturbation == "default":
             raise typer.BadParameter("--perturbation: choose a preset other than 'default' (the clean frames)")
     chosen = tuple(e.strip() for e in episodes.split(",") if e.strip()) if episodes is not None else None
-    config = ReportConfig(run=run, offline=offline, episodes=chosen or None, frames=frames, perturbation=perturbation)
+    config = ReportConfig(run=run, offline=offline, monitor=monitor, episodes=chosen or None, frames=frames, perturbation=perturbation)
     try:
         index = write_report(eval_dir, out, config)
     except ValueError as exc:  # EvaluationError, CheckpointError and bad folders are ValueErrors

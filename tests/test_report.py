@@ -57,6 +57,9 @@ def nsac_eval(data, tmp_path_factory) -> Path:
     run = _train(folder / "run", data, "nsac")
     evaluate_closed_loop(EvalConfig(runs=[run], seeds=[3], colour_presets=["default", "shift-3"], drive=DriveConfig(max_steps=STEPS)), folder / "eval", progress=False)
     write_tables([evaluate_run(run, data, perturbed_preset="shift-3", max_samples=16)], folder / "offline")
+    from nsacdrive.eval.monitor import MonitorConfig, run_monitor, write_monitor
+
+    write_monitor(*run_monitor([folder / "eval"], config=MonitorConfig(windows_s=(1,), warmup_steps=5)), folder / "monitor")
     return folder / "eval"
 
 
@@ -64,7 +67,7 @@ def nsac_eval(data, tmp_path_factory) -> Path:
 def report(nsac_eval, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report_out") / "report"
     started = time.perf_counter()
-    index = write_report(nsac_eval, out, ReportConfig(offline=nsac_eval.parent / "offline", frames=2))
+    index = write_report(nsac_eval, out, ReportConfig(offline=nsac_eval.parent / "offline", monitor=nsac_eval.parent / "monitor", frames=2))
     print(f"report on the tiny run: {time.perf_counter() - started:.1f} s")
     return index
 
@@ -91,13 +94,13 @@ def test_report_page_references_only_files_beside_it(report):
         assert "://" not in reference and not reference.startswith(("/", "//", "data:")), reference
         assert (report.parent / reference).is_file(), reference
     images = [r for r in parser.references if r.endswith(".png")]
-    for name in ("evaluation.png", "offline.png", "gradcam_default.png", "gradcam_shift-3.png", "sanity.png",
+    for name in ("evaluation.png", "offline.png", "monitor-window-1s.png", "gradcam_default.png", "gradcam_shift-3.png", "sanity.png",
                  f"{CLEAN}_potentials_map.png", f"{CLEAN}_potentials_progress.png", f"{CLEAN}_potentials_steer.png"):
         assert f"figures/{name}" in images, name
     for image in images:
         assert (report.parent / image).read_bytes().startswith(b"\x89PNG"), image
     page = report.read_text()
-    assert "Sanity check" in page and "ρ(steer)" in page and "mse" in page
+    assert "Sanity check" in page and "ρ(steer)" in page and "mse" in page and "Misbehaviour prediction" in page
     assert not list(report.parent.rglob(".*.partial"))
 
 

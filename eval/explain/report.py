@@ -6,7 +6,10 @@ by relative paths, so the folder opens offline and can be copied anywhere. Secti
 
 1. Closed loop: the aggregates table of ``aggregates.json`` and the :mod:`nsacdrive.eval.plots` figures of
    the evaluation and of the chosen episodes.
-2. Offline (with ``offline``: an ``nsacdrive evaluate-offline`` folder): its table and a bar figure.
+2. Offline (with ``offline``: an ``nsacdrive evaluate-offline`` folder): its table and a bar figure,
+   and with corruptions the metrics against severity.
+   Misbehaviour prediction (with ``monitor``: an ``nsacdrive monitor`` folder): its table, one
+   figure per reaction window and the score traces around failures.
 3. Grad-CAM (:mod:`nsacdrive.eval.explain.saliency`) on frames sampled along the first chosen episode's lap, clean
    and under a perturbation — the evaluation's own perturbed episode of the same track when
    there is one, else the same track driven now under the perturbation preset — and the
@@ -113,6 +116,7 @@ class ReportConfig:
 
     run: str | None = None
     offline: Path | None = None
+    monitor: Path | None = None
     episodes: tuple[str, ...] | None = None
     frames: int = 4
     perturbation: str | None = None
@@ -229,6 +233,8 @@ class Report:
             sections = [self._timed("closed_loop", self._closed_loop_section)]
             if self.config.offline is not None:
                 sections.append(self._timed("offline", self._offline_section))
+            if self.config.monitor is not None:
+                sections.append(self._timed("monitor", self._monitor_section))
             sections.append(self._timed("grad_cam", self._gradcam_section))
             sections.append(self._timed("potentials", self._potentials_section))
         self.timings["total"] = time.perf_counter() - started
@@ -304,6 +310,33 @@ class Report:
                          "conformal one where the run has a calibration): where the error grows, the uncertainty "
                          "and OOD scores should grow with it.</p>")
             parts.append(self._image(save_figure(severity, self.out / "figures" / "severity.png"), "metrics against severity"))
+        return "\n".join(parts)
+
+    def _monitor_section(self) -> str:
+        folder = Path(self.config.monitor)
+        source = folder / "monitor.json"
+        if not source.is_file():
+            raise EvaluationError(f"--monitor {folder}: monitor.json not found; expected a folder written by `nsacdrive monitor --out`")
+        try:
+            result = json.loads(source.read_text())
+            rows = [{"score": name, "uncertainty": "yes" if entry["uses_uncertainty"] else "no", "threshold": entry["threshold"],
+                     "AUROC": entry["auroc"], "AUPRC": entry["auprc"], "curvature-stratified AUROC": entry["stratified_auroc"],
+                     **{f"{w} s {metric}": counts[metric] for w, counts in entry["windows"].items()
+                        for metric in ("precision", "recall", "fpr", "f3", "median_lead_s")}}
+                    for name, entry in result["scores"].items()]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise EvaluationError(f"{source}: not a monitor result ({exc})") from None
+        atomic_write_bytes(self.out / "data" / "monitor.json", source.read_bytes())
+        parts = ["<h2>Misbehaviour prediction</h2>",
+                 f"<p>{len(result['failures'])} failures in {result['episodes']} episodes; alarm thresholds "
+                 f"({html.escape(result['config']['threshold'])}) fitted on {result['nominal_episodes']} nominal episodes. "
+                 f"Data: {self._link(self.out / 'data' / 'monitor.json')}.</p>"]
+        if rows:
+            parts.append(_table(rows, tuple(rows[0])))
+        for figure in sorted((folder / "figures").glob("*.png")):
+            copy = self.out / "figures" / f"monitor-{figure.name}"
+            atomic_write_bytes(copy, figure.read_bytes())
+            parts.append(self._image(copy, f"monitor {figure.stem}"))
         return "\n".join(parts)
 
     def _gradcam_section(self) -> str:
