@@ -12,17 +12,21 @@ Grewal, Tonella & Stocco, ICST 2024), on this project's per-step logs:
 * **Threshold**: the ``quantile`` (0.95) of a Gamma distribution fitted (location 0, maximum
   likelihood) to the score on nominal driving, or — ``threshold="window-rate"`` — the value that
   ``false_alarm_rate`` of the nominal windows of one second exceed.
-* **Windows**: for a reaction window of W seconds, a failure is a true positive when the score
-  exceeds the threshold at any step of the W seconds before its onset, else a false negative.
-  Nominal driving (steps at least ``max(windows)`` seconds before any failure and outside
-  failures, after the first ``warmup_steps`` of an episode) is cut into consecutive windows of W
-  seconds; one with an alarm is a false positive, else a true negative. Precision, recall, FPR
-  and F3 = TP / (TP + 0.1·FP + 0.9·FN) follow; the lead is the time from the first alarm inside
-  the window to the onset.
+* **Windows**: for a reaction window of W seconds, a failure (in any episode) is a true positive
+  when the score exceeds the threshold at any step of the W seconds before its onset, else a false
+  negative. Nominal driving (steps at least ``max(windows)`` seconds before any failure and
+  outside failures, after the first ``warmup_steps`` of an episode) is cut into consecutive
+  windows of W seconds; on *nominal laps* (episodes without corruption or colour shift, as the
+  literature counts false alarms on nominal simulations) one with an alarm is a false positive,
+  else a true negative. Precision, recall, FPR and F3 = TP / (TP + 0.1·FP + 0.9·FN) follow; the
+  lead is the time from the first alarm inside the window to the onset. The nominal stretches of
+  shifted episodes (corrupted or recoloured, not failing yet) are counted apart
+  (``fp_shifted``, ``tn_shifted``, ``fpr_shifted``): how often the monitor alarms on an input
+  shift that has not (yet) led to a failure.
 * **Frames**: AUROC and AUPRC of the score with the steps of the second before each failure as
-  positives and the nominal steps as negatives; ``stratified_auroc`` is their AUROC inside
-  quantile bins of the road's curvature ahead, averaged with the bins' positive counts as
-  weights, so a corner detector gets no credit for corners.
+  positives and the nominal steps of nominal laps as negatives; ``stratified_auroc`` is their
+  AUROC inside quantile bins of the road's curvature ahead, averaged with the bins' positive
+  counts as weights, so a corner detector gets no credit for corners.
 
 Nominal driving for the threshold is ``fit`` (other evaluations, typically clean laps), or the
 nominal steps of the evaluated episodes without corruption or colour shift when none is given.
@@ -186,6 +190,8 @@ class WindowCounts:
     fn: int
     tn: int
     leads_s: tuple[float, ...]
+    fp_shifted: int = 0
+    tn_shifted: int = 0
 
     @property
     def precision(self) -> float | None:
@@ -206,8 +212,11 @@ class WindowCounts:
         return self.tp / denominator if denominator else None
 
     def to_dict(self) -> dict[str, Any]:
+        shifted = self.fp_shifted + self.tn_shifted
         return {"tp": self.tp, "fp": self.fp, "fn": self.fn, "tn": self.tn, "precision": self.precision, "recall": self.recall,
-                "fpr": self.fpr, "f3": self.f3, "median_lead_s": float(np.median(self.leads_s)) if self.leads_s else None}
+                "fpr": self.fpr, "f3": self.f3, "median_lead_s": float(np.median(self.leads_s)) if self.leads_s else None,
+                "fp_shifted": self.fp_shifted, "tn_shifted": self.tn_shifted,
+                "fpr_shifted": self.fp_shifted / shifted if shifted else None}
 
 
 def pre_failure_window(episode: EpisodeScores, index: int, length: int) -> tuple[int, int]:
@@ -218,9 +227,10 @@ def pre_failure_window(episode: EpisodeScores, index: int, length: int) -> tuple
 
 
 def count_windows(episodes: list[EpisodeScores], name: str, threshold: float, seconds: int) -> WindowCounts:
-    """TP/FN over failures and FP/TN over nominal windows of ``seconds`` for score ``name``."""
+    """TP/FN over failures, FP/TN over the nominal windows of ``seconds`` of nominal laps (and apart, of shifted episodes)."""
     length = seconds * FPS
-    tp = fn = fp = tn = 0
+    tp = fn = 0
+    alarms_in_windows = {True: [0, 0], False: [0, 0]}  # clean? → [fp, tn]
     leads = []
     for episode in episodes:
         score = episode.scores[name]
@@ -235,16 +245,14 @@ def count_windows(episodes: list[EpisodeScores], name: str, threshold: float, se
             else:
                 fn += 1
         for a, b in nominal_windows(episode, length):
-            if np.any(score[a:b] > threshold):
-                fp += 1
-            else:
-                tn += 1
-    return WindowCounts(tp, fp, fn, tn, tuple(leads))
+            alarms_in_windows[episode.clean][0 if np.any(score[a:b] > threshold) else 1] += 1
+    (fp, tn), (fp_shifted, tn_shifted) = alarms_in_windows[True], alarms_in_windows[False]
+    return WindowCounts(tp, fp, fn, tn, tuple(leads), fp_shifted, tn_shifted)
 
 
 def frame_labels(episode: EpisodeScores) -> np.ndarray:
-    """Per step: 1 in the second before a failure, 0 nominal, −1 neither (left out of frame metrics)."""
-    labels = np.where(episode.nominal, 0, -1)
+    """Per step: 1 in the second before a failure, 0 nominal on a nominal lap, −1 neither (left out of frame metrics)."""
+    labels = np.where(episode.nominal & episode.clean, 0, -1)
     for index in range(len(episode.events)):
         start, onset = pre_failure_window(episode, index, FPS)
         labels[start:onset] = 1

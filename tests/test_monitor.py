@@ -129,6 +129,10 @@ def test_windows_counted_by_hand():
     assert (two.tp, two.fn, two.fp, two.tn) == (1, 0, 1, 2)
     missed = count_windows([ep], "s", 10.0, 1)
     assert (missed.tp, missed.fn, missed.fp, missed.tn) == (0, 1, 0, 8)
+    shifted = EpisodeScores("shifted", False, ep.events, ep.scores, ep.curvature, ep.nominal, ep.warmup)
+    apart = count_windows([shifted], "s", 1.0, 1)  # a corrupted episode: its nominal windows are counted apart
+    assert (apart.tp, apart.fn, apart.fp, apart.tn, apart.fp_shifted, apart.tn_shifted) == (1, 0, 0, 0, 1, 7)
+    assert apart.to_dict()["fpr_shifted"] == 1 / 8 and apart.fpr is None
 
 
 def test_f3_precision_recall_and_fpr_by_hand():
@@ -184,7 +188,8 @@ def test_the_command_writes_every_score_with_its_windows(evaluation, tmp_path):
     assert {"steer_std", "abs_steer", "speed", "curvature"} <= set(saved["scores"])
     for entry in saved["scores"].values():
         assert set(entry["windows"]) == {"1", "2"}
-        assert set(entry["windows"]["1"]) == {"tp", "fp", "fn", "tn", "precision", "recall", "fpr", "f3", "median_lead_s"}
+        assert set(entry["windows"]["1"]) == {"tp", "fp", "fn", "tn", "precision", "recall", "fpr", "f3", "median_lead_s",
+                                              "fp_shifted", "tn_shifted", "fpr_shifted"}
         assert np.isfinite(entry["threshold"])
     assert (tmp_path / "mon" / "monitor.md").read_text().startswith("| score |")
     assert (tmp_path / "mon" / "figures" / "window-1s.png").is_file()
