@@ -29,8 +29,9 @@ browser:
 	    echo "installed chromium for the report's browser test"; \
 	  else echo "chromium not installed (no apt-get or no permission): the report's browser test will be skipped"; fi; }
 
-# The main job end to end on built-in defaults: collect → train NSAC → one DAgger round → offline table →
-# closed loop → report.
+# The main job end to end on built-in defaults: collect → train NSAC → one DAgger round → recalibration
+# and feature density → offline table with three held-out corruptions → closed loop, clean and with lens
+# dirt → misbehaviour monitor → report.
 # Every step resumes, so an interrupted demo continues where it stopped.
 demo: install
 	$(NSAC) collect --agent expert --seeds 0-31 --out data/demo --workers 2 --resume
@@ -39,9 +40,11 @@ demo: install
 	$(NSAC) data info data/demo
 	$(NSAC) train --data data/demo --out runs/demo-nsac --config configs/demo.json --resume
 	$(NSAC) dagger --init runs/demo-nsac --rounds 1 --episodes-per-round 16 --lr 0.00025 --out runs/demo-dagger
-	$(NSAC) evaluate-offline runs/demo-dagger/runs/round-1 --data data/demo --colour-preset shift-3 --out runs/demo-offline
-	$(NSAC) eval runs/demo-dagger/runs/round-1 --seeds 42,1000-1001 --colour-preset default,shift-3 --batch 3 --out runs/demo-closed-loop --resume
-	$(NSAC) report runs/demo-closed-loop --offline runs/demo-offline --out runs/demo-report
+	$(NSAC) calibrate runs/demo-dagger/runs/round-1 --data data/demo
+	$(NSAC) evaluate-offline runs/demo-dagger/runs/round-1 --data data/demo --colour-preset shift-3 --corruptions fog-3,lens-dirt-4,camera-tilt-4 --out runs/demo-offline
+	$(NSAC) eval runs/demo-dagger/runs/round-1 --seeds 42,1000-1001 --colour-preset default,shift-3 --corruption none,lens-dirt-4 --batch 3 --out runs/demo-closed-loop --resume
+	$(NSAC) monitor runs/demo-closed-loop --threshold window-rate --out runs/demo-monitor
+	$(NSAC) report runs/demo-closed-loop --offline runs/demo-offline --monitor runs/demo-monitor --out runs/demo-report
 
 lint: install
 	$(VENV)/bin/ruff check .
