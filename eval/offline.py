@@ -244,7 +244,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
-    columns = ["model", *(["recalibration"] if "recalibration" in rows[0] else []), "condition", "action", *TABLE_METRICS]
+    columns = ["model", *(["recalibration"] if "recalibration" in rows[0] else []), "condition", "action",
+               *(m for m in TABLE_METRICS if any(row.get(m) is not None for row in rows))]  # offline.csv keeps every column
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row, c) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
