@@ -70,7 +70,7 @@ def misbehaviour_events(arrays: dict[str, np.ndarray], reason: str, config: Even
     """The episode's failures in order (see the module docstring)."""
     masks = misbehaviour(arrays, reason, config)
     events: list[Event] = []
-    for start, stop in _runs(np.logical_or.reduce(list(masks.values()))):
+    for start, stop in true_runs(np.logical_or.reduce(list(masks.values()))):
         if events and start - events[-1].end < config.recovery_steps:  # too soon after the last one: the same failure
             events[-1] = Event(events[-1].onset, stop, events[-1].kind)
         else:
@@ -78,7 +78,7 @@ def misbehaviour_events(arrays: dict[str, np.ndarray], reason: str, config: Even
     return events
 
 
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """(start, stop) of every run of True in ``mask``, stop exclusive."""
     edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
     return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
@@ -87,7 +87,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 def _runs_at_least(mask: np.ndarray, length: int) -> np.ndarray:
     """``mask`` keeping only runs of True at least ``length`` long."""
     out = np.zeros_like(mask)
-    for start, stop in _runs(mask):
+    for start, stop in true_runs(mask):
         if stop - start >= length:
             out[start:stop] = True
     return out

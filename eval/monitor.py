@@ -34,6 +34,7 @@ nominal steps of the evaluated episodes without corruption or colour shift when 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ import numpy as np
 from nsacdrive.controllers.metrics import average_precision, ood_auroc
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TrackGeometry
-from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events
+from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events, true_runs
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
 from nsacdrive.eval.results import EvaluationError, load_episode, load_records
 
@@ -95,9 +96,16 @@ class EpisodeScores:
         return len(self.nominal)
 
 
+@functools.lru_cache(maxsize=256)
+def track_geometry(colour_preset: str, track_seed: int) -> TrackGeometry:
+    """The geometry of a seed's track, regenerated once per (preset, seed): many evaluations (one per
+    corruption) drive the same tracks."""
+    return TrackGeometry.from_env_track(env_track(colour_preset, track_seed))
+
+
 def episode_scores(record: dict[str, Any], arrays: dict[str, np.ndarray], config: MonitorConfig) -> EpisodeScores:
     """Scores, failures and the nominal mask of one finished episode."""
-    track = TrackGeometry.from_env_track(env_track(record["colour_preset"], record["track_seed"]))
+    track = track_geometry(record["colour_preset"], record["track_seed"])
     ahead = track.curvature_ahead(np.asarray(arrays["progress"], dtype=np.float64), CURVATURE_DISTANCES)
     curvature = np.abs(ahead).max(1)
     arrays = {**arrays, "curvature": curvature}
@@ -155,12 +163,7 @@ def window_rate_threshold(window_maxima: np.ndarray, rate: float) -> float:
 
 def nominal_windows(episode: EpisodeScores, length: int) -> list[tuple[int, int]]:
     """Consecutive windows of ``length`` steps inside each nominal stretch (a last partial one is dropped)."""
-    windows = []
-    padded = np.concatenate([[False], episode.nominal, [False]]).astype(np.int8)
-    edges = np.flatnonzero(np.diff(padded))
-    for start, stop in zip(edges[::2], edges[1::2]):
-        windows += [(s, s + length) for s in range(int(start), int(stop) - length + 1, length)]
-    return windows
+    return [(s, s + length) for start, stop in true_runs(episode.nominal) for s in range(start, stop - length + 1, length)]
 
 
 def fit_threshold(name: str, nominal: list[EpisodeScores], config: MonitorConfig) -> tuple[float, str]:

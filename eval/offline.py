@@ -147,12 +147,12 @@ def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Se
     """:func:`regression_report` plus error_auroc per action; ``conformal_widths`` (q̂ per action, in
     units of σ): coverage_90 is then that of the conformal interval μ ± q̂·σ instead of the Gaussian one."""
     report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
-    abs_error = np.abs(pred.target - pred.mean)
+    abs_error, std = np.abs(pred.target - pred.mean), pred.std
     for i, action in enumerate(ACTION_NAMES):
         metrics = report["per_action"][action]
-        metrics["error_auroc"] = _split_auroc(pred.std[:, i], abs_error[:, i] > error_threshold[i])
+        metrics["error_auroc"] = _split_auroc(std[:, i], abs_error[:, i] > error_threshold[i])
         if conformal_widths is not None:
-            metrics["coverage_90"] = float(np.mean(abs_error[:, i] <= conformal_widths[i] * pred.std[:, i]))
+            metrics["coverage_90"] = float(np.mean(abs_error[:, i] <= conformal_widths[i] * std[:, i]))
     for metric in ("error_auroc", "coverage_90"):
         values = [report["per_action"][a][metric] for a in ACTION_NAMES]
         report["average"][metric] = None if None in values else float(np.mean(values))
@@ -183,8 +183,9 @@ def _ood_aurocs(clean: Predictions, shifted: Predictions) -> dict[str, Any]:
     ``density``: one per input, None when the run has no density; and each head signal, e.g. Lévy's
     ``deviation``, ``disagreement`` and ``evidence`` (negated: less evidence = less certain), per
     action). Recalibration scales each action's variance by a constant, so it changes none of these."""
-    out: dict[str, Any] = {a: ood_auroc(clean.std[:, i], shifted.std[:, i]) for i, a in enumerate(ACTION_NAMES)}
-    out["mean_std"] = ood_auroc(clean.std.mean(1), shifted.std.mean(1))
+    clean_std, shifted_std = clean.std, shifted.std
+    out: dict[str, Any] = {a: ood_auroc(clean_std[:, i], shifted_std[:, i]) for i, a in enumerate(ACTION_NAMES)}
+    out["mean_std"] = ood_auroc(clean_std.mean(1), shifted_std.mean(1))
     components: dict[str, Any] = {
         name: {a: ood_auroc(getattr(clean, name)[:, i], getattr(shifted, name)[:, i]) for i, a in enumerate(ACTION_NAMES)}
         for name in ("aleatoric", "epistemic")}

@@ -31,7 +31,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from nsacdrive.common.atomic import atomic_path
-from nsacdrive.envs.car_racing import env_track
+from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.eval.results import condition_label, group_label, load_aggregates, load_episode, load_records
 
@@ -349,16 +349,16 @@ def monitor_traces_figure(episodes: list[Any], result: dict[str, Any], names: li
     fig = new_figure(figsize=(12, 2.4 * len(chosen) + 0.5))
     axes = fig.subplots(len(chosen), 1, squeeze=False)[:, 0]
     for ax, episode in zip(axes, chosen):
-        t = np.arange(episode.steps) / 50.0
+        t = np.arange(episode.steps) / FPS
         for i, name in enumerate(n for n in names if n in episode.scores):
             ratio = episode.scores[name] / result["scores"][name]["threshold"]
             ax.plot(t, ratio, lw=0.9, color=f"C{i}", label=name)
             alarms = ratio > 1
             ax.plot(t[alarms], np.full(int(alarms.sum()), 1.9 - 0.08 * i), "|", color=f"C{i}", ms=4)
         for event in episode.events:
-            ax.axvline(event.onset / 50.0, color="red", lw=1.2)
-            ax.axvspan(max(event.onset - 50, 0) / 50.0, event.onset / 50.0, color="red", alpha=0.12)
-            ax.text(event.onset / 50.0, 1.95, f" {event.kind}", color="red", fontsize=7, va="top")
+            ax.axvline(event.onset / FPS, color="red", lw=1.2)
+            ax.axvspan(max(event.onset - FPS, 0) / FPS, event.onset / FPS, color="red", alpha=0.12)
+            ax.text(event.onset / FPS, 1.95, f" {event.kind}", color="red", fontsize=7, va="top")
         ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
         ax.set_ylim(0, 2.0)
         ax.set_ylabel("score / threshold", fontsize=8)
