@@ -19,13 +19,14 @@ from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
+from nsacdrive.controllers.objectives import REGULARISERS
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
 
 #: the numbers ModelConfig's numeric fields may take (their types come from the annotations)
 RANGES = {
     **dict.fromkeys(("d_model", "num_heads", "topk", "train_samples", "predict_samples", "members", "sde_depth", "levy_frames"),
                     AT_LEAST_ONE),
-    **dict.fromkeys(("bn_std", "lambda_reg", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
+    **dict.fromkeys(("bn_std", "lambda_reg", "epistemic_margin", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
     "levy_window": POSITIVE,
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
@@ -48,6 +49,8 @@ class ModelConfig:
     train_samples: int = 5  # MC draws per training step (NSAC, MC-Dropout)
     predict_samples: int = 20  # MC draws at prediction (NSAC, MC-Dropout, SDE-Net)
     lambda_reg: float = 0.5  # NSAC epistemic regulariser weight
+    epistemic_regulariser: str = "ratio"  # NSAC: ratio (published) | hinge (controllers/objectives.py)
+    epistemic_margin: float = 0.01  # NSAC hinge margin, action variance units
     dropout: float = 0.1  # MC-Dropout rate
     members: int = 5  # Deep Ensemble size
     evidential_coeff: float = 0.01  # Deep Evidential Regression regulariser coefficient
@@ -66,6 +69,9 @@ class ModelConfig:
             object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
         if self.model not in MODEL_NAMES:
             raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
+        if self.epistemic_regulariser not in REGULARISERS:
+            raise ValueError(f"model config: epistemic_regulariser must be one of {', '.join(REGULARISERS)}, "
+                             f"got {self.epistemic_regulariser!r}")
         if self.nll_beta and self.model in NO_NLL_BETA:
             raise ValueError(f"model config: nll_beta weights a Gaussian likelihood; {self.model!r} trains another loss, leave nll_beta at 0")
         if self.encoder.frame_shape != kind.frame_shape:

@@ -7,7 +7,15 @@ NSAC objective (docs/nsac.md#training-objective), with S draws (μ_s, ℓ_s) on 
     L_reg = log(1 + E_id / (E_ood + ε)),            E = mean over batch and outputs of Var_s(μ_s)
     L     = L_nll + λ·L_reg                          (λ = 0.5, ε = 1e-3)
 
-The regulariser pushes the Monte-Carlo spread down on data and up on perturbed inputs.
+The regulariser pushes the Monte-Carlo spread down on data and up on perturbed inputs. The
+published ratio is minimised by zero spread on data whatever the spread off it, and NSAC's
+epistemic collapses under it (ψ → 0, issue 17). ``regulariser="hinge"`` asks instead for a margin
+per sequence and its perturbed twin, with e = Var_s(μ_s) averaged over outputs:
+
+    L_reg = mean_b max(0, m − (e_ood,b − e_id,b))     (m = ``margin``, in action variance units)
+
+which is zero once every twin is at least m more spread than its clean sequence, and never
+rewards collapsing the clean spread below that.
 ``include_epistemic=True`` adds Var_s(μ_s) to V̄ so training uses the same total variance as
 inference (the published objective leaves it out; default off for parity).
 
@@ -60,6 +68,14 @@ def gaussian_nll(mean: torch.Tensor, log_sigma: torch.Tensor, target: torch.Tens
     return beta_weighted_mean(nll, torch.exp(2 * log_sigma), beta)
 
 
+REGULARISERS = ("ratio", "hinge")
+
+
+def per_sequence(spread: torch.Tensor) -> torch.Tensor:
+    """Spread [B, ...] → [B]: each sequence's mean over outputs (and time steps)."""
+    return spread.reshape(spread.shape[0], -1).mean(1)
+
+
 @dataclass
 class NSACLossTerms:
     total: torch.Tensor
@@ -77,6 +93,14 @@ class NSACObjective:
     epsilon: float = 1e-3
     include_epistemic: bool = False
     beta: float = 0.0  # β-NLL weighting of the likelihood term (:func:`beta_weighted_mean`)
+    regulariser: str = "ratio"  # ratio (published) | hinge
+    margin: float = 0.01  # the hinge's m: the spread a perturbed twin must exceed its clean sequence's by
+
+    def __post_init__(self) -> None:
+        if self.regulariser not in REGULARISERS:
+            raise ValueError(f"NSAC regulariser must be one of {', '.join(REGULARISERS)}, got {self.regulariser!r}")
+        if self.margin < 0:
+            raise ValueError(f"NSAC hinge margin must be >= 0, got {self.margin}")
 
     def __call__(self, clean: NSACOutput, perturbed: NSACOutput, target: torch.Tensor) -> NSACLossTerms:
         mean_bar = clean.mean.mean(0)
@@ -87,9 +111,12 @@ class NSACObjective:
             variance_bar = variance_bar + spread_id
         nll = beta_weighted_mean(0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar),
                                  variance_bar, self.beta)
-        epistemic_id = spread_id.mean()
-        epistemic_ood = perturbed.mean.var(0, unbiased=False).mean()
-        regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))
+        spread_ood = perturbed.mean.var(0, unbiased=False)
+        epistemic_id, epistemic_ood = spread_id.mean(), spread_ood.mean()
+        if self.regulariser == "hinge":
+            regulariser = torch.relu(self.margin - (per_sequence(spread_ood) - per_sequence(spread_id))).mean()
+        else:
+            regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))
         return NSACLossTerms(nll + self.lambda_reg * regulariser, nll, regulariser, epistemic_id, epistemic_ood)
 
 

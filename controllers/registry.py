@@ -15,7 +15,9 @@ from nsacdrive.controllers.objectives import NSACObjective
 
 
 def _nsac(config: ModelConfig) -> UncertaintyHead:
-    return NSACHead(config.nsac_config(), config.train_samples, NSACObjective(lambda_reg=config.lambda_reg, beta=config.nll_beta))
+    objective = NSACObjective(lambda_reg=config.lambda_reg, beta=config.nll_beta, regulariser=config.epistemic_regulariser,
+                              margin=config.epistemic_margin)
+    return NSACHead(config.nsac_config(), config.train_samples, objective)
 
 
 def _gmle(config: ModelConfig) -> UncertaintyHead:

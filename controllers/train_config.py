@@ -11,6 +11,7 @@ import torch
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.ood_proxies import PERTURBATIONS
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
 from nsacdrive.data_collection.dataset import SeedSplit, is_udacity_data
 from nsacdrive.envs.colours import validate_preset
@@ -53,6 +54,7 @@ class TrainConfig:
     udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
     perturb_std: float = 0.2  # σ_pert, preprocessed-image units
+    perturbation: str = "noise"  # NSAC/SDE-Net's perturbed twins: noise | proxies (controllers/ood_proxies.py)
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"
@@ -69,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"levy_frames ({self.model.levy_frames}) must equal sequence_length ({self.sequence_length})")
         self._check_split()
         self._check_presets()
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"training config perturbation must be one of {', '.join(PERTURBATIONS)}, got {self.perturbation!r}")
         try:
             if self.device != "auto":
                 torch.device(self.device)

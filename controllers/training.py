@@ -6,7 +6,8 @@ way its observation kind needs — every kind: recoloured by :func:`nsacdrive.co
 (``augment``; in YUV for Udacity frames, :func:`~nsacdrive.controllers.augment.colour_augment_yuv`);
 Udacity also: side cameras, flips, shifts, shadows and brightness on the raw frames with the
 steering label adjusted (``udacity_augment``, :func:`nsacdrive.controllers.udacity_augment.augment_sequence`) — and steps
-AdamW on the head's loss (heads that need perturbed inputs get frames + N(μ_pert, σ_pert²) in
+AdamW on the head's loss (heads that need perturbed inputs get frames + N(μ_pert, σ_pert²), or the
+held-out proxies of :mod:`nsacdrive.controllers.ood_proxies` with ``perturbation="proxies"``, in
 preprocessed units — [0, 1] for CarRacing, [−1, 1] for Udacity — with BatchNorm statistics
 frozen for that pass).
 
@@ -59,6 +60,7 @@ from nsacdrive.controllers.checkpoint import (
     write_config,
 )
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import pick_device
 from nsacdrive.controllers.train_config import TrainConfig
@@ -200,12 +202,7 @@ class Trainer:
     # ------------------------------------------------------------------ epochs
     def _perturb(self, generator: torch.Generator):
         cfg = self.config
-
-        def perturb(frames: torch.Tensor) -> torch.Tensor:
-            noise = torch.randn(frames.shape, generator=generator).to(frames)
-            return frames + cfg.perturb_mean + cfg.perturb_std * noise
-
-        return perturb
+        return make_perturbation(cfg.perturbation, generator, cfg.perturb_mean, cfg.perturb_std)
 
     def _batches(self, dataset: SequenceDataset, epoch: int) -> DataLoader:
         cfg = self.config
