@@ -163,11 +163,26 @@ def test_closed_loop_path_matches_the_dataset_path(dataset, tmp_path, model):
     assert_predictions_agree(online, offline, path_rtol(agent.model, tokens))
 
 
+def test_nsac_trains_with_the_hinge_on_held_out_proxies(dataset, tmp_path):
+    model = dataclasses.replace(tiny_model("nsac"), epistemic_regulariser="hinge", epistemic_margin=0.02)
+    config = dataclasses.replace(tiny_config(dataset, "nsac", perturbation="proxies"), model=model)
+    state = Trainer(config, tmp_path / "hinge", progress=False).fit()
+    assert np.isfinite(state.best_val)
+    history = json.loads((tmp_path / "hinge" / "history.json").read_text())
+    epoch = history[0]
+    # relu(m − (e_ood − e_id)) ≤ m + e_id per sequence, so the epoch means obey it too
+    assert 0.0 <= epoch["train_regulariser"] <= 0.02 + epoch["train_epistemic_id"] + 1e-6
+    _, config = load_run(tmp_path / "hinge")
+    assert (config.perturbation, config.model.epistemic_regulariser, config.model.epistemic_margin) == ("proxies", "hinge", 0.02)
+
+
 def test_bad_training_configs_raise(dataset, tmp_path):
     with pytest.raises(ValueError, match="unknown model"):
         ModelConfig(model="transformer")
     with pytest.raises(ValueError, match="unknown fields"):
         TrainConfig.from_dict({"data": str(dataset), "learning_rate": 1.0})
+    with pytest.raises(ValueError, match="perturbation must be one of noise, proxies"):
+        tiny_config(dataset, "nsac", perturbation="cutout")
     with pytest.raises(ValueError, match="holds no samples"):
         Trainer(tiny_config(dataset, "gmle", val_seeds="7"), tmp_path / "r", progress=False)
 
