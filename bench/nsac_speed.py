@@ -4,6 +4,10 @@
    inference (one noise-free pass) of the SAME controller — a small per-frame CNN over T = 4
    preprocessed 84×96 frames feeding NSAC — at batch 1 and 64; the published approach
    (S full passes of CNN + head) is timed alongside. Target: ≤ 1.5× (published: ~20×).
+   The same comparison for the shipped controller (``configs/quality.json``'s CNN encoder with
+   the speed input and NSAC head): deterministic = one noise-free pass; with uncertainty =
+   ``Controller.predict`` with S = 20 and the feature-density score attached, as every
+   closed-loop step of a calibrated run computes it. Target (issue 17): ≤ 1.5×.
 2. NSAC layer forward+backward vs torch-nac 0.0.2's OUWrap at d = 64, H = 16, K = 8 on
    (B = 64, T = 4) and (B = 8, T = 256), if torch-nac is installed (``make bench`` tries
    ``pip install --no-deps torch-nac==0.0.2 ncps==1.0.1``; it is never vendored). Both our
@@ -25,7 +29,10 @@ from torch import nn
 
 from bench.common import median_time
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.density import fit_density
+from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import NSAC, NSACConfig
+from nsacdrive.controllers.registry import build_controller
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,6 +76,29 @@ def inference_overhead(batch: int, samples: int, repeats: int) -> dict[str, floa
     published = median_time(published_mc, max(repeats // 4, 2))
     return {"batch": batch, "deterministic_ms": base * 1e3, "batched_mc_ms": ours * 1e3,
             "published_mc_ms": published * 1e3, "batched_ratio": ours / base, "published_ratio": published / base}
+
+
+def controller_overhead(batch: int, samples: int, repeats: int) -> dict[str, float]:
+    """The quality recipe's controller: noise-free pass vs S-draw prediction + density score."""
+    torch.manual_seed(0)
+    config = ModelConfig(model="nsac", speed_input=True)
+    controller = build_controller(config).eval()
+    controller.density = fit_density(torch.randn(4 * config.encoder.token_dim, config.encoder.token_dim), (0,), "bench")
+    frames = torch.rand(batch, 4, *config.encoder.frame_shape)
+    timestamps = torch.arange(4.0).expand(batch, 4) * 0.04
+    speed = torch.full((batch, 4), 30.0)
+
+    @torch.no_grad()
+    def deterministic() -> None:
+        tokens = controller.tokens(frames, speed)
+        controller.head.layer(tokens, controller.token_times(timestamps), noise=False)
+
+    def with_uncertainty() -> None:
+        controller.predict(frames, timestamps, samples=samples, speed=speed)
+
+    base = median_time(deterministic, repeats)
+    ours = median_time(with_uncertainty, repeats)
+    return {"batch": batch, "deterministic_ms": base * 1e3, "uncertain_ms": ours * 1e3, "ratio": ours / base}
 
 
 def layer_speed(batch: int, length: int, repeats: int) -> dict[str, float | str]:
@@ -117,12 +147,17 @@ def main() -> None:
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 10
     inference = [inference_overhead(b, 20, repeats) for b in (1, 64)]
+    controller = [controller_overhead(b, 20, repeats) for b in (1, 11, 64)]
     layers = [layer_speed(64, 4, repeats), layer_speed(8, 256, max(repeats // 2, 2))]
 
     print(f"\n{'inference with uncertainty (S=20)':<34}{'determ.':>10}{'batched MC':>12}{'ratio':>8}{'published':>11}{'ratio':>8}")
     for r in inference:
         print(f"{'batch ' + str(r['batch']):<34}{r['deterministic_ms']:>8.2f}ms{r['batched_mc_ms']:>10.2f}ms"
               f"{r['batched_ratio']:>7.2f}×{r['published_mc_ms']:>9.1f}ms{r['published_ratio']:>7.1f}×")
+    print(f"\n{'quality controller, S=20 + density':<34}{'determ.':>10}{'uncertain':>12}{'ratio':>8}{'target':>9}")
+    for r in controller:
+        print(f"{'batch ' + str(r['batch']):<34}{r['deterministic_ms']:>8.2f}ms{r['uncertain_ms']:>10.2f}ms"
+              f"{r['ratio']:>7.2f}×{'≤ 1.5×':>9}")
     print(f"\n{'NSAC layer fwd+bwd (d=64,H=16,K=8)':<34}{'ours ref':>11}{'ours corr':>11}{'torch-nac':>12}{'speed-up':>18}")
     for r in layers:
         theirs = r["torch_nac_ms"]
@@ -133,7 +168,7 @@ def main() -> None:
         print(f"{'B=' + str(r['batch']) + ', T=' + str(r['length']):<34}{r['ours_reference_ms']:>9.2f}ms"
               f"{r['ours_corrected_ms']:>9.2f}ms{tail}")
     out = ROOT / "bench" / "results" / ("nsac_speed-quick.json" if args.quick else "nsac_speed.json")
-    atomic_write_json(out, {"inference": inference, "layer": layers})
+    atomic_write_json(out, {"inference": inference, "controller": controller, "layer": layers})
     print(f"\nsaved → {out.relative_to(ROOT)}")
 
 
