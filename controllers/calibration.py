@@ -97,7 +97,7 @@ class Calibration:
         return np.stack([np.interp(pit[:, i], knots, ISOTONIC_LEVELS) for i, knots in enumerate(self.isotonic)], axis=1)
 
     def apply(self, prediction: UncertainPrediction) -> UncertainPrediction:
-        """The prediction with both variance parts scaled by s² (mean, attention and density unchanged)."""
+        """The prediction with both variance parts scaled by s² (mean, attention, density and a censored head's latent Gaussian unchanged)."""
         scale = torch.tensor(self.variance_scale, dtype=prediction.aleatoric.dtype, device=prediction.aleatoric.device)
         return dataclasses.replace(prediction, aleatoric=prediction.aleatoric * scale, epistemic=prediction.epistemic * scale)
 

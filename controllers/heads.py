@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nsacdrive.controllers.actions import ACTION_NAMES, squash
+from nsacdrive.controllers.censored import censored_nll, censored_prediction, squash_latent
 from nsacdrive.controllers.nsac import (
     LOG_SIGMA_BOUNDS,
     NAC,
@@ -36,7 +37,7 @@ from nsacdrive.controllers.nsac import (
     NSACOutput,
     attention_per_position,
 )
-from nsacdrive.controllers.objectives import NSACObjective, check_targets, gaussian_nll
+from nsacdrive.controllers.objectives import NSACObjective, beta_weighted_mean, check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 
 N_ACTIONS = len(ACTION_NAMES)
@@ -109,7 +110,8 @@ class NSACHead(UncertaintyHead):
     def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int, return_internals: bool = False,
               generator: Generators = None) -> NSACOutput:
         out = self.layer(tokens, times, samples=samples, return_internals=return_internals, generator=generator)
-        return NSACOutput(squash(out.mean), out.log_sigma, out.internals)
+        to_box = squash_latent if self.objective.censored_pedals else squash
+        return NSACOutput(to_box(out.mean), out.log_sigma, out.internals)
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         if perturbed_tokens is None:
@@ -122,7 +124,10 @@ class NSACHead(UncertaintyHead):
 
     def predict(self, tokens, times, samples, generator: Generators = None):
         out = self.draws(tokens, times, samples, return_internals=True, generator=generator)
-        prediction = decompose(out.mean, out.log_sigma, variance_floor=self.objective.epsilon)  # the loss's variance
+        if self.objective.censored_pedals:
+            prediction = censored_prediction(out.mean, torch.exp(2 * out.log_sigma) + self.objective.epsilon)
+        else:
+            prediction = decompose(out.mean, out.log_sigma, variance_floor=self.objective.epsilon)  # the loss's variance
         prediction.attention = attention_per_position(out.internals, tokens.shape[1])
         return prediction
 
@@ -143,34 +148,44 @@ def smooth_floor(x: torch.Tensor, floor: float) -> torch.Tensor:
 
 
 class GaussianHead(nn.Module):
-    """Mean and log-σ read-outs of a feature vector, mean squashed into the action box, log σ
+    """Mean and log-σ read-outs of a feature vector, mean squashed into the action box (pedals into
+    the latent range with ``censored_pedals``, :mod:`nsacdrive.controllers.censored`), log σ
     smoothly floored (:data:`LOG_SIGMA_FLOOR`)."""
 
-    def __init__(self, features: int) -> None:
+    def __init__(self, features: int, censored_pedals: bool = False) -> None:
         super().__init__()
+        self.censored_pedals = censored_pedals
         self.mean = nn.Linear(features, N_ACTIONS)
         self.log_sigma = nn.Linear(features, N_ACTIONS)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return squash(self.mean(features)), smooth_floor(self.log_sigma(features), LOG_SIGMA_FLOOR)
+        to_box = squash_latent if self.censored_pedals else squash
+        return to_box(self.mean(features)), smooth_floor(self.log_sigma(features), LOG_SIGMA_FLOOR)
 
 
 class GMLEHead(UncertaintyHead):
     """NAC features + Gaussian maximum likelihood: aleatoric only, epistemic 0 by construction."""
 
-    def __init__(self, config: NACConfig, nll_beta: float = 0.0) -> None:
+    def __init__(self, config: NACConfig, nll_beta: float = 0.0, censored_pedals: bool = False) -> None:
         super().__init__()
         self.nac = NAC(config)
-        self.gaussian = GaussianHead(config.d_model)
+        self.gaussian = GaussianHead(config.d_model, censored_pedals)
         self.nll_beta = nll_beta
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
-        return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
+        if not self.gaussian.censored_pedals:
+            return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
+        check_targets(mean, target)
+        variance = torch.exp(2 * log_sigma.clamp(*LOG_SIGMA_BOUNDS))
+        return {"total": beta_weighted_mean(censored_nll(mean, variance, target), variance, self.nll_beta)}
 
     def predict(self, tokens, times, samples):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))
-        return decompose(mean[None], log_sigma[None].clamp(*LOG_SIGMA_BOUNDS))  # as gaussian_nll clamps it
+        log_sigma = log_sigma.clamp(*LOG_SIGMA_BOUNDS)  # as the loss clamps it
+        if self.gaussian.censored_pedals:
+            return censored_prediction(mean[None], torch.exp(2 * log_sigma[None]))
+        return decompose(mean[None], log_sigma[None])
 
 
 class LevyHead(UncertaintyHead):

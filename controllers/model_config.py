@@ -15,6 +15,7 @@ from nsacdrive.common.config_checks import (
     config_from_dict,
 )
 from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.censored import PEDAL_LIKELIHOODS
 from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
@@ -31,6 +32,8 @@ RANGES = {
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
 }
+#: heads that can train the censored pedal likelihood
+CENSORED_MODELS = ("nsac", "gmle")
 #: heads whose loss is not a Gaussian likelihood, so β-NLL has nothing to weight
 NO_NLL_BETA = ("evidential", "nac")
 
@@ -50,7 +53,7 @@ class ModelConfig:
     predict_samples: int = 20  # MC draws at prediction (NSAC, MC-Dropout, SDE-Net)
     lambda_reg: float = 0.5  # NSAC epistemic regulariser weight
     epistemic_regulariser: str = "ratio"  # NSAC: ratio (published) | hinge (controllers/objectives.py)
-    epistemic_margin: float = 0.01  # NSAC hinge margin, action variance units
+    epistemic_margin: float = 0.05  # NSAC hinge margin: RMS spread, action units
     dropout: float = 0.1  # MC-Dropout rate
     members: int = 5  # Deep Ensemble size
     evidential_coeff: float = 0.01  # Deep Evidential Regression regulariser coefficient
@@ -58,6 +61,7 @@ class ModelConfig:
     sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
     levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
     levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
+    pedal_likelihood: str = "gaussian"  # nsac, gmle: gaussian | censored (gas/brake clipped to [0, 1]; controllers/censored.py)
     nll_beta: float = 0.0  # β-NLL: weight each action's likelihood term by its variance^β (0 = plain NLL; objectives.py)
     speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)
     observation: str = DEFAULT_FRAME_KIND  # frames and preprocessing (envs/observation_kinds.py): carracing | udacity
@@ -72,6 +76,11 @@ class ModelConfig:
         if self.epistemic_regulariser not in REGULARISERS:
             raise ValueError(f"model config: epistemic_regulariser must be one of {', '.join(REGULARISERS)}, "
                              f"got {self.epistemic_regulariser!r}")
+        if self.pedal_likelihood not in PEDAL_LIKELIHOODS:
+            raise ValueError(f"model config: pedal_likelihood must be one of {', '.join(PEDAL_LIKELIHOODS)}, got {self.pedal_likelihood!r}")
+        if self.pedal_likelihood == "censored" and self.model not in CENSORED_MODELS:
+            raise ValueError(f"model config: the censored pedal likelihood is implemented for {', '.join(CENSORED_MODELS)}, "
+                             f"not {self.model!r}; leave pedal_likelihood at 'gaussian'")
         if self.nll_beta and self.model in NO_NLL_BETA:
             raise ValueError(f"model config: nll_beta weights a Gaussian likelihood; {self.model!r} trains another loss, leave nll_beta at 0")
         if self.encoder.frame_shape != kind.frame_shape:

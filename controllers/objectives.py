@@ -10,12 +10,15 @@ NSAC objective (docs/nsac.md#training-objective), with S draws (μ_s, ℓ_s) on 
 The regulariser pushes the Monte-Carlo spread down on data and up on perturbed inputs. The
 published ratio is minimised by zero spread on data whatever the spread off it, and NSAC's
 epistemic collapses under it (ψ → 0, issue 17). ``regulariser="hinge"`` asks instead for a margin
-per sequence and its perturbed twin, with e = Var_s(μ_s) averaged over outputs:
+per sequence and its perturbed twin, with r = √(mean over outputs of Var_s(μ_s)) the RMS spread:
 
-    L_reg = mean_b max(0, m − (e_ood,b − e_id,b))     (m = ``margin``, in action variance units)
+    L_reg = mean_b max(0, m − (r_ood,b − r_id,b))     (m = ``margin``, in action units)
 
 which is zero once every twin is at least m more spread than its clean sequence, and never
-rewards collapsing the clean spread below that.
+rewards collapsing the clean spread below that. The hinge is on standard deviations, not
+variances: ∂Var/∂θ = 2 Cov_s(μ_s, ∂μ_s/∂θ) vanishes with the spread, so a variance hinge starting
+from a near-deterministic head gets no gradient (measured: spreads stayed ~1e-6 with the
+variance hinge stuck at its margin), while ∂r/∂θ does not.
 ``include_epistemic=True`` adds Var_s(μ_s) to V̄ so training uses the same total variance as
 inference (the published objective leaves it out; default off for parity).
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nsacdrive.controllers.censored import censored_nll
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
 
 
@@ -71,9 +75,13 @@ def gaussian_nll(mean: torch.Tensor, log_sigma: torch.Tensor, target: torch.Tens
 REGULARISERS = ("ratio", "hinge")
 
 
-def per_sequence(spread: torch.Tensor) -> torch.Tensor:
-    """Spread [B, ...] → [B]: each sequence's mean over outputs (and time steps)."""
-    return spread.reshape(spread.shape[0], -1).mean(1)
+#: added under the square root of the RMS spread, so its gradient stays finite at zero spread
+_RMS_EPSILON = 1e-10
+
+
+def rms_spread(spread: torch.Tensor) -> torch.Tensor:
+    """Variances [B, ...] → [B]: each sequence's RMS spread, √(mean over outputs (and time steps) + tiny)."""
+    return (spread.reshape(spread.shape[0], -1).mean(1) + _RMS_EPSILON).sqrt()
 
 
 @dataclass
@@ -94,7 +102,8 @@ class NSACObjective:
     include_epistemic: bool = False
     beta: float = 0.0  # β-NLL weighting of the likelihood term (:func:`beta_weighted_mean`)
     regulariser: str = "ratio"  # ratio (published) | hinge
-    margin: float = 0.01  # the hinge's m: the spread a perturbed twin must exceed its clean sequence's by
+    censored_pedals: bool = False  # the pedals' likelihood censored at 0 and 1 (controllers/censored.py)
+    margin: float = 0.05  # the hinge's m: the RMS spread (action units) a perturbed twin must exceed its clean sequence's by
 
     def __post_init__(self) -> None:
         if self.regulariser not in REGULARISERS:
@@ -109,12 +118,15 @@ class NSACObjective:
         spread_id = clean.mean.var(0, unbiased=False)
         if self.include_epistemic:
             variance_bar = variance_bar + spread_id
-        nll = beta_weighted_mean(0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar),
-                                 variance_bar, self.beta)
+        if self.censored_pedals:
+            elementwise = censored_nll(mean_bar, variance_bar, target)
+        else:
+            elementwise = 0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar)
+        nll = beta_weighted_mean(elementwise, variance_bar, self.beta)
         spread_ood = perturbed.mean.var(0, unbiased=False)
         epistemic_id, epistemic_ood = spread_id.mean(), spread_ood.mean()
         if self.regulariser == "hinge":
-            regulariser = torch.relu(self.margin - (per_sequence(spread_ood) - per_sequence(spread_id))).mean()
+            regulariser = torch.relu(self.margin - (rms_spread(spread_ood) - rms_spread(spread_id))).mean()
         else:
             regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))
         return NSACLossTerms(nll + self.lambda_reg * regulariser, nll, regulariser, epistemic_id, epistemic_ood)

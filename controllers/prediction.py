@@ -23,6 +23,11 @@ class UncertainPrediction:
     #: head-specific uncertainty signals, each [B, A] (Lévy attention: ``evidence`` Λ, ``disagreement``
     #: trΣ_V and ``deviation`` σ̂ of each action's query), or None
     signals: dict[str, torch.Tensor] | None = None
+    #: [B, A] each, heads trained with the censored pedal likelihood (:mod:`nsacdrive.controllers.censored`):
+    #: the moment-matched latent Gaussian before the box clips the pedals (mean and variance above are
+    #: the clipped variable's); None otherwise
+    latent_mean: torch.Tensor | None = None
+    latent_variance: torch.Tensor | None = None
 
     @property
     def total(self) -> torch.Tensor:
@@ -35,7 +40,8 @@ class UncertainPrediction:
             return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
 
         signals = None if parts[0].signals is None else {key: torch.cat([p.signals[key] for p in parts]) for key in parts[0].signals}
-        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")), signals)  # type: ignore[arg-type]
+        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")), signals,  # type: ignore[arg-type]
+                   cat("latent_mean"), cat("latent_variance"))
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_floor: float = 0.0) -> UncertainPrediction:

@@ -16,12 +16,12 @@ from nsacdrive.controllers.objectives import NSACObjective
 
 def _nsac(config: ModelConfig) -> UncertaintyHead:
     objective = NSACObjective(lambda_reg=config.lambda_reg, beta=config.nll_beta, regulariser=config.epistemic_regulariser,
-                              margin=config.epistemic_margin)
+                              margin=config.epistemic_margin, censored_pedals=config.pedal_likelihood == "censored")
     return NSACHead(config.nsac_config(), config.train_samples, objective)
 
 
 def _gmle(config: ModelConfig) -> UncertaintyHead:
-    return GMLEHead(config.nac_config(), config.nll_beta)
+    return GMLEHead(config.nac_config(), config.nll_beta, censored_pedals=config.pedal_likelihood == "censored")
 
 
 def _mcdropout(config: ModelConfig) -> UncertaintyHead:

@@ -33,7 +33,7 @@ import torch
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
-_PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention", "density")
+_PREDICTION_FIELDS = ("mean", "aleatoric", "epistemic", "attention", "density", "latent_mean", "latent_variance")
 _EXIT_TIMEOUT_S = 10.0
 
 
@@ -79,7 +79,7 @@ class InferenceProcess:
             raise RuntimeError("collect() with no request in flight")
         self._outstanding.pop(0)
         fields, signals = self._reply()
-        return UncertainPrediction(*(None if a is None else torch.from_numpy(a) for a in fields),
+        return UncertainPrediction(**{name: None if a is None else torch.from_numpy(a) for name, a in zip(_PREDICTION_FIELDS, fields, strict=True)},
                                    signals=None if signals is None else {k: torch.from_numpy(v) for k, v in signals.items()})
 
     def close(self) -> None:

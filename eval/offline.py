@@ -30,7 +30,8 @@ from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.calibration import read_calibration
-from nsacdrive.controllers.metrics import ood_auroc, pit_calibration_curve, regression_report
+from nsacdrive.controllers.censored import CENSORED_ACTIONS
+from nsacdrive.controllers.metrics import censored_scores, ood_auroc, pit_calibration_curve, regression_report
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
@@ -54,6 +55,8 @@ class Predictions:
     epistemic: np.ndarray
     density: np.ndarray | None = None  # [N] feature-density score, when the run has one
     signals: dict[str, np.ndarray] | None = None  # head-specific signals [N, A] (Lévy: evidence, disagreement, deviation)
+    latent_mean: np.ndarray | None = None  # [N, A] a censored-pedal head's latent Gaussian (controllers/censored.py)
+    latent_variance: np.ndarray | None = None
 
     @property
     def std(self) -> np.ndarray:
@@ -75,12 +78,13 @@ def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) ->
 @torch.no_grad()
 def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
     torch.manual_seed(seed)
-    parts: dict[str, list[np.ndarray]] = {"target": [], "mean": [], "aleatoric": [], "epistemic": [], "density": []}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in ("target", "mean", "aleatoric", "epistemic", "density", "latent_mean",
+                                                                "latent_variance")}
     signals: dict[str, list[np.ndarray]] = {}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
-        for name in ("mean", "aleatoric", "epistemic", "density"):
+        for name in ("mean", "aleatoric", "epistemic", "density", "latent_mean", "latent_variance"):
             if (value := getattr(prediction, name)) is not None:
                 parts[name].append(value.numpy())
         for name, value in (prediction.signals or {}).items():
@@ -136,6 +140,8 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
                 scale = np.maximum(calibration.deviation_std(pred.signals["deviation"]), np.finfo(np.float64).tiny)
                 deviation = _report(replace(pred, aleatoric=scale**2, epistemic=np.zeros_like(scale)), error_threshold)
                 out["conditions"][name].update({"per_action_deviation": deviation["per_action"], "average_deviation": deviation["average"]})
+        if pred.latent_mean is not None:
+            out["conditions"][name]["per_action_censored"] = _censored_report(pred)
     clean = predictions["clean"]
     out["ood_auroc_conditions"] = {name: _ood_aurocs(clean, shifted) for name, shifted in predictions.items() if name != "clean"}
     if perturbed_preset:
@@ -157,6 +163,12 @@ def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Se
         values = [report["per_action"][a][metric] for a in ACTION_NAMES]
         report["average"][metric] = None if None in values else float(np.mean(values))
     return report
+
+
+def _censored_report(pred: Predictions) -> dict[str, dict[str, float]]:
+    """Per action, the scores of the censored predictive a censored-pedal head trained with (:func:`censored_scores`)."""
+    scores = censored_scores(pred.target, pred.latent_mean, pred.latent_variance, CENSORED_ACTIONS.numpy())
+    return {action: {key: float(values[i]) for key, values in scores.items()} for i, action in enumerate(ACTION_NAMES)}
 
 
 def _add_isotonic(report: dict[str, Any], pit: np.ndarray) -> None:
@@ -205,8 +217,10 @@ ISOTONIC_METRICS = ("mace_isotonic", "coverage_90_isotonic")
 #: Lévy's calibrated deviation a·σ̂ + b scored as N(μ, s²): the ``_dev`` columns.
 DEVIATION_METRICS = ("crps", "mace", "ause", "error_auroc")
 OOD_COLUMNS = ("ood_auroc", "ood_auroc_epistemic", "ood_auroc_density", "ood_auroc_deviation")
+#: a censored-pedal head scored under the censored predictive it trained with: the ``_censored`` columns.
+CENSORED_METRICS = ("nll", "crps", "mace", "coverage_90")
 TABLE_METRICS = (*METRICS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)), *(f"{m}_dev" for m in DEVIATION_METRICS),
-                 *OOD_COLUMNS)
+                 *(f"{m}_censored" for m in CENSORED_METRICS), *OOD_COLUMNS)
 
 
 def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,6 +239,8 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row.update({f"{m}_cal": recalibrated.get(m) for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)})
                 deviation = report.get("per_action_deviation", {}).get(action, {})
                 row.update({f"{m}_dev": deviation.get(m) for m in DEVIATION_METRICS})
+                censored = report.get("per_action_censored", {}).get(action, {})
+                row.update({f"{m}_censored": censored.get(m) for m in CENSORED_METRICS})
                 components = ood.get("components", {})
                 row["ood_auroc"] = ood.get(action)
                 row["ood_auroc_epistemic"] = components.get("epistemic", {}).get(action)

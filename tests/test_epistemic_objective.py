@@ -25,18 +25,19 @@ def test_hinge_matches_a_hand_computation_per_sequence():
     # S = 2, B = 2, out = 2; Var over two draws a, b is ((a − b)/2)²
     clean = draws([[[0.0, 0.0], [0.0, 0.0]], [[0.2, 0.0], [0.0, 0.0]]])      # e_id = (0.01 + 0)/2, 0
     perturbed = draws([[[0.0, 0.0], [0.0, 0.0]], [[0.4, 0.4], [0.1, 0.0]]])  # e_ood = 0.04, 0.0025/2
-    terms = NSACObjective(regulariser="hinge", margin=0.05)(clean, perturbed, torch.zeros(2, 2))
-    e_id, e_ood = torch.tensor([0.005, 0.0]), torch.tensor([0.04, 0.00125])
-    expected = torch.relu(0.05 - (e_ood - e_id)).mean()
+    terms = NSACObjective(regulariser="hinge", margin=0.1)(clean, perturbed, torch.zeros(2, 2))
+    rms = lambda variance: (torch.tensor(variance, dtype=torch.float64) + 1e-10).sqrt()  # noqa: E731  (the objective's ε under √)
+    expected = torch.relu(0.1 - (rms([0.04, 0.00125]) - rms([0.005, 0.0]))).mean()  # 0.1 − 0.129 < 0 → 0, and 0.1 − 0.035
     assert float(terms.regulariser) == pytest.approx(float(expected), rel=1e-5)
+    assert float(expected) == pytest.approx((0.1 - 0.00125**0.5) / 2, rel=1e-3)
     # the logged batch means are the same quantities as the ratio's
     assert float(terms.epistemic_id) == pytest.approx(0.0025, rel=1e-5)
     assert float(terms.epistemic_ood) == pytest.approx((0.04 + 0.00125) / 2, rel=1e-5)
 
 
 def test_once_the_margin_is_met_the_hinge_no_longer_rewards_collapsing_the_clean_spread():
-    clean = draws([[[0.0]], [[0.2]]], requires_grad=True)  # e_id = 0.01
-    perturbed = draws([[[0.0]], [[1.0]]])                   # e_ood = 0.25 ≫ e_id + m
+    clean = draws([[[0.0]], [[0.2]]], requires_grad=True)  # r_id = 0.1
+    perturbed = draws([[[0.0]], [[1.0]]])                   # r_ood = 0.5 ≫ r_id + m
     hinge = NSACObjective(regulariser="hinge", margin=0.05)(clean, perturbed, torch.zeros(1, 1)).regulariser
     assert float(hinge.detach()) == 0.0
     (grad_hinge,) = torch.autograd.grad(hinge, clean.mean)
@@ -48,10 +49,16 @@ def test_once_the_margin_is_met_the_hinge_no_longer_rewards_collapsing_the_clean
 
 
 def test_the_hinge_pushes_twins_apart_while_the_margin_is_not_met():
+    # and, unlike a hinge on variances, still does so when both spreads are nearly zero
+    tiny = NSACObjective(regulariser="hinge", margin=0.05)
+    still = draws([[[0.0]], [[1e-6]]], requires_grad=True)
+    (grad_tiny,) = torch.autograd.grad(tiny(draws([[[0.0]], [[0.0]]]), still, torch.zeros(1, 1)).regulariser, still.mean)
+    variance_gradient = 2 * 0.5e-6 / 2  # ∂Var_s/∂μ_s = 2(μ_s − μ̄)/S: what a hinge on variances would get
+    assert float(grad_tiny.abs().max()) > 1e4 * variance_gradient
     clean = draws([[[0.0]], [[0.2]]])
     perturbed = draws([[[0.0]], [[0.2]]], requires_grad=True)  # same spread: margin unmet
     hinge = NSACObjective(regulariser="hinge", margin=0.05)(clean, perturbed, torch.zeros(1, 1)).regulariser
-    assert float(hinge.detach()) == pytest.approx(0.05)
+    assert float(hinge.detach()) == pytest.approx(0.05, abs=1e-6)
     (grad,) = torch.autograd.grad(hinge, perturbed.mean)
     # descending the gradient widens the twin's draws: the upper draw moves up, the lower down
     assert float(grad[1, 0, 0]) < 0 < float(grad[0, 0, 0])
