@@ -210,6 +210,22 @@ def test_evaluate_offline_writes_one_table_with_clean_perturbed_and_auroc(datase
     assert all(line.split(",")[2] == "none" for line in csv_lines[1:])  # no calibration.json: raw predictions
 
 
+def test_a_censored_pedal_run_is_scored_under_its_own_likelihood(dataset, tmp_path):
+    from nsacdrive.eval.offline import evaluate_run, table_rows
+
+    model = dataclasses.replace(tiny_model("nsac"), pedal_likelihood="censored")
+    Trainer(dataclasses.replace(tiny_config(dataset, "nsac"), model=model), tmp_path / "censored", progress=False).fit()
+    result = evaluate_run(tmp_path / "censored", dataset)
+    censored = result["conditions"]["clean"]["per_action_censored"]
+    assert set(censored) == {"steer", "gas", "brake"}
+    for scores in censored.values():
+        assert set(scores) == {"nll", "crps", "mace", "coverage_90"} and 0 <= scores["mace"] <= 0.5 and scores["crps"] > 0
+    # steer is not censored: its censored scores are the Gaussian ones of the same predictions
+    assert censored["steer"]["crps"] == pytest.approx(result["conditions"]["clean"]["per_action"]["steer"]["crps"], rel=1e-6)
+    row = table_rows([result])[1]
+    assert row["action"] == "gas" and row["mace_censored"] == censored["gas"]["mace"]
+
+
 def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
     from typer.testing import CliRunner
 
