@@ -5,7 +5,9 @@ Grad-CAM has spatial resolution) before it is flattened into one token per frame
 instead of BatchNorm: statistics never depend on the batch, so perturbed passes and batch-1
 control behave exactly like training. ``ReferenceEncoder`` is the published CarRacing CNN
 (docs/nsac.md#published-experiment-settings: 5×5/3 → pool → 3×3/2 → pool → 2×2/1 → pool → BatchNorm → 64 features; its
-last map is 1×1, so Grad-CAM is meaningless on it) for parity studies.
+last map is 1×1, so Grad-CAM is meaningless on it) for parity studies. ``GridEncoder``
+(``kind="cnn-grid"``) keeps the same convolutions and emits the map pooled to 3×3 as 9 tokens
+per frame, so attention heads choose between places in the picture, not only between frames.
 
 ``NvidiaEncoder`` (``kind="nvidia"``) reads Udacity frames [B, T, 3, 66, 200] (YUV,
 :mod:`nsacdrive.envs.udacity_observation`): the NVIDIA PilotNet convolutions 24@5×5/2, 36@5×5/2,
@@ -36,13 +38,13 @@ GROUPS = 8  # GroupNorm groups of the "cnn" encoder
 class EncoderConfig:
     kind: str = "cnn"  # a key of ENCODERS
     token_dim: int = 64
-    channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" only
+    channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" and "cnn-grid" only
 
     def __post_init__(self) -> None:
         check_fields(self, "encoder", {"token_dim": AT_LEAST_ONE, "channels": AT_LEAST_ONE})
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
-        if self.kind == "cnn" and any(c % GROUPS for c in self.channels[:2]):
+        if self.kind in ("cnn", "cnn-grid") and any(c % GROUPS for c in self.channels[:2]):
             raise ValueError(f"encoder channels: the first two must be multiples of {GROUPS} (GroupNorm groups), got {self.channels}")
 
     @property
@@ -84,6 +86,16 @@ class PerFrameEncoder(nn.Module):
         return self.to_token(self.features(frames.flatten(0, 1))).reshape(batch, length * self.TOKENS_PER_FRAME, -1)
 
 
+def frame_convolutions(channels: tuple[int, int, int]) -> nn.Sequential:
+    """The "cnn" convolutions (8×8/4, 4×4/2, 3×3/1, GroupNorm): an 84×96 frame → a 7×8 map."""
+    c1, c2, c3 = channels
+    return nn.Sequential(
+        nn.Conv2d(3, c1, 8, stride=4), nn.GroupNorm(GROUPS, c1), nn.ReLU(),
+        nn.Conv2d(c1, c2, 4, stride=2), nn.GroupNorm(GROUPS, c2), nn.ReLU(),
+        nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
+    )
+
+
 class FrameEncoder(PerFrameEncoder):
     """3 convolutions (8×8/4, 4×4/2, 3×3/1) → 7×8 map (``last_conv``, for Grad-CAM) → token."""
 
@@ -92,15 +104,30 @@ class FrameEncoder(PerFrameEncoder):
     def __init__(self, config: EncoderConfig | None = None) -> None:
         super().__init__()
         config = config or EncoderConfig()
-        c1, c2, c3 = config.channels
-        self.features = nn.Sequential(
-            nn.Conv2d(3, c1, 8, stride=4), nn.GroupNorm(GROUPS, c1), nn.ReLU(),
-            nn.Conv2d(c1, c2, 4, stride=2), nn.GroupNorm(GROUPS, c2), nn.ReLU(),
-            nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
-        )
+        self.features = frame_convolutions(config.channels)
         with torch.no_grad():
             shape = self.features(torch.zeros(1, *PREPROCESSED_FRAME_SHAPE)).shape
         self.to_token = nn.Sequential(nn.Flatten(), nn.Linear(shape[1] * shape[2] * shape[3], config.token_dim), nn.ReLU())
+
+
+class GridEncoder(PerFrameEncoder):
+    """The "cnn" convolutions, their 7×8 map average-pooled to a 3×3 grid: 9 tokens per frame
+    (row-major), each a projected cell with a learned position vector.
+
+    With one token per frame an attention head mixes T nearly identical frame tokens, so the
+    spread of its output over attention noise is structurally near zero (NSAC's epistemic
+    collapse, issue 17); grid tokens give it places in the picture to choose between."""
+
+    LAST_CONV_INDEX = 6
+    GRID = (3, 3)
+    TOKENS_PER_FRAME = GRID[0] * GRID[1]
+
+    def __init__(self, config: EncoderConfig | None = None) -> None:
+        super().__init__()
+        config = config or EncoderConfig(kind="cnn-grid")
+        self.features = frame_convolutions(config.channels)
+        self.to_token = nn.Sequential(nn.AdaptiveAvgPool2d(self.GRID), MapTokens(), nn.Linear(config.channels[2], config.token_dim),
+                                      nn.ReLU(), TokenPositions(self.TOKENS_PER_FRAME, config.token_dim))
 
 
 class ReferenceEncoder(PerFrameEncoder):
@@ -126,22 +153,22 @@ class ReferenceEncoder(PerFrameEncoder):
         self.to_token = nn.Identity() if width == config.token_dim else nn.Linear(width, config.token_dim)
 
 
-class ColumnTokens(nn.Module):
-    """A map [N, C, 1, W] → tokens [N, W, C]: one token per column (left to right)."""
+class MapTokens(nn.Module):
+    """A map [N, C, H, W] → tokens [N, H·W, C]: one token per cell, row-major (a 1×W map: left to right)."""
 
     def forward(self, maps: torch.Tensor) -> torch.Tensor:
-        if maps.dim() != 4 or maps.shape[2] != 1:
-            raise ValueError(f"ColumnTokens expects maps of height 1 [N, C, 1, W], got {tuple(maps.shape)}")
-        return maps.squeeze(2).transpose(1, 2)
+        if maps.dim() != 4:
+            raise ValueError(f"MapTokens expects maps [N, C, H, W], got {tuple(maps.shape)}")
+        return maps.flatten(2).transpose(1, 2)
 
 
-class ColumnPositions(nn.Module):
-    """Adds a learned vector per column to tokens [N, W, D], so a head that pools tokens still knows
-    where in the picture each one is (the bend of the road is a matter of left or right)."""
+class TokenPositions(nn.Module):
+    """Adds a learned vector per token position to tokens [N, K, D], so a head that pools tokens still
+    knows where in the picture each one is (the bend of the road is a matter of left or right)."""
 
-    def __init__(self, columns: int, dim: int) -> None:
+    def __init__(self, positions: int, dim: int) -> None:
         super().__init__()
-        self.position = nn.Parameter(0.1 * torch.randn(columns, dim))
+        self.position = nn.Parameter(0.1 * torch.randn(positions, dim))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens + self.position
@@ -170,11 +197,12 @@ class NvidiaEncoder(PerFrameEncoder):
             shape = self.features(torch.zeros(1, *self.FRAME_SHAPE)).shape
         assert tuple(shape[1:]) == (self.CHANNELS, 1, self.TOKENS_PER_FRAME), shape
         projection = nn.Identity() if config.token_dim == self.CHANNELS else nn.Linear(self.CHANNELS, config.token_dim)
-        self.to_token = nn.Sequential(ColumnTokens(), projection, ColumnPositions(self.TOKENS_PER_FRAME, config.token_dim))
+        self.to_token = nn.Sequential(MapTokens(), projection, TokenPositions(self.TOKENS_PER_FRAME, config.token_dim))
 
 
 ENCODERS: dict[str, type[PerFrameEncoder]] = {
     "cnn": FrameEncoder,
+    "cnn-grid": GridEncoder,
     "reference": ReferenceEncoder,
     "nvidia": NvidiaEncoder,
 }
