@@ -130,6 +130,8 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
     error_threshold = np.quantile(np.abs(predictions["clean"].target - predictions["clean"].mean), ERROR_QUANTILE, axis=0)
     for name, pred in predictions.items():
         out["conditions"][name] = {"samples": len(pred.target), **_report(pred, error_threshold)}
+        if pred.density is not None:
+            out["conditions"][name]["mean_density"] = float(pred.density.mean())
         if calibration is not None:
             recalibrated = _report(pred.scaled(np.asarray(calibration.variance_scale)), error_threshold,
                                    calibration.conformal.get(str(CONFORMAL_ALPHA)))
@@ -157,6 +159,7 @@ def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Se
     for i, action in enumerate(ACTION_NAMES):
         metrics = report["per_action"][action]
         metrics["error_auroc"] = _split_auroc(std[:, i], abs_error[:, i] > error_threshold[i])
+        metrics["mean_aleatoric"], metrics["mean_epistemic"] = float(pred.aleatoric[:, i].mean()), float(pred.epistemic[:, i].mean())
         if conformal_widths is not None:
             metrics["coverage_90"] = float(np.mean(abs_error[:, i] <= conformal_widths[i] * std[:, i]))
     for metric in ("error_auroc", "coverage_90"):

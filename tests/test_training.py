@@ -222,6 +222,8 @@ def test_a_censored_pedal_run_is_scored_under_its_own_likelihood(dataset, tmp_pa
         assert set(scores) == {"nll", "crps", "mace", "coverage_90"} and 0 <= scores["mace"] <= 0.5 and scores["crps"] > 0
     # steer is not censored: its censored scores are the Gaussian ones of the same predictions
     assert censored["steer"]["crps"] == pytest.approx(result["conditions"]["clean"]["per_action"]["steer"]["crps"], rel=1e-6)
+    for metrics in result["conditions"]["clean"]["per_action"].values():  # sharpness is the RMS of s, s² = aleatoric + epistemic
+        assert metrics["mean_aleatoric"] + metrics["mean_epistemic"] == pytest.approx(metrics["sharpness"] ** 2, rel=1e-9)
     row = table_rows([result])[1]
     assert row["action"] == "gas" and row["mace_censored"] == censored["gas"]["mace"]
 
