@@ -24,6 +24,24 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
+def paired_median_ratio(baseline: Callable[[], object], candidate: Callable[[], object], repeats: int,
+                        warmup: int = 1) -> tuple[float, float, float]:
+    """Median times of ``baseline`` and ``candidate`` called alternately, and the median of their
+    per-pair ratios: a load spike on a shared machine hits both sides of a pair, not one side's
+    whole series."""
+    for _ in range(warmup):
+        baseline(), candidate()
+    pairs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        baseline()
+        middle = time.perf_counter()
+        candidate()
+        pairs.append((middle - start, time.perf_counter() - middle))
+    base, cand = zip(*pairs, strict=True)
+    return statistics.median(base), statistics.median(cand), statistics.median(c / b for b, c in pairs)
+
+
 def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., Any] | None = None, **env_kwargs: Any) -> float:
     """Env steps/s replaying ``actions`` on track ``seed`` in an env built by ``make_env`` (default:
     :func:`nsacdrive.envs.car_racing.make_car_racing`) with ``env_kwargs``."""

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.common import median_time
+from bench.common import median_time, paired_median_ratio
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.controllers.density import fit_density
 from nsacdrive.controllers.model_config import ModelConfig
@@ -96,9 +96,8 @@ def controller_overhead(batch: int, samples: int, repeats: int) -> dict[str, flo
     def with_uncertainty() -> None:
         controller.predict(frames, timestamps, samples=samples, speed=speed)
 
-    base = median_time(deterministic, repeats)
-    ours = median_time(with_uncertainty, repeats)
-    return {"batch": batch, "deterministic_ms": base * 1e3, "uncertain_ms": ours * 1e3, "ratio": ours / base}
+    base, ours, ratio = paired_median_ratio(deterministic, with_uncertainty, repeats)
+    return {"batch": batch, "deterministic_ms": base * 1e3, "uncertain_ms": ours * 1e3, "ratio": ratio}
 
 
 def layer_speed(batch: int, length: int, repeats: int) -> dict[str, float | str]:
@@ -147,7 +146,7 @@ def main() -> None:
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 10
     inference = [inference_overhead(b, 20, repeats) for b in (1, 64)]
-    controller = [controller_overhead(b, 20, repeats) for b in (1, 11, 64)]
+    controller = [controller_overhead(b, 20, 3 * repeats) for b in (1, 11, 64)]
     layers = [layer_speed(64, 4, repeats), layer_speed(8, 256, max(repeats // 2, 2))]
 
     print(f"\n{'inference with uncertainty (S=20)':<34}{'determ.':>10}{'batched MC':>12}{'ratio':>8}{'published':>11}{'ratio':>8}")
