@@ -521,6 +521,55 @@ def average_precision(score_negative: npt.ArrayLike, score_positive: npt.ArrayLi
     return float(np.sum(recall_step * precision))
 
 
+# --------------------------------------------------------------------------- episode bootstrap
+
+
+def group_bootstrap_means(values: npt.ArrayLike, groups: npt.ArrayLike, draws: int = 1000, seed: int = 0) -> np.ndarray:
+    """Means of ``values`` [N, ...] over resamples of whole groups (episodes) with replacement: [draws, ...].
+
+    Consecutive sequences of one episode are correlated, so resampling sequences understates the
+    spread; resampling episodes does not (the cluster bootstrap). Each draw picks G of the G
+    groups uniformly with replacement and weighs every sample by its group's count, so a draw is
+    one matrix product of the count matrix [draws, G] with the per-group sums."""
+    x = _finite("values", values)
+    g = np.asarray(groups)
+    if g.shape != x.shape[:1] or x.shape[0] == 0:
+        raise ValueError(f"groups must give one label per row of values ({x.shape[0]} rows), got shape {g.shape}")
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise ValueError(f"draws must be an integer >= 1, got {draws!r}")
+    labels, index = np.unique(g, return_inverse=True)
+    flat = x.reshape(len(x), -1)
+    sums = np.zeros((len(labels), flat.shape[1]))
+    np.add.at(sums, index, flat)
+    sizes = np.bincount(index, minlength=len(labels)).astype(np.float64)
+    counts = np.random.default_rng(seed).multinomial(len(labels), np.full(len(labels), 1 / len(labels)), size=draws).astype(np.float64)
+    return ((counts @ sums) / (counts @ sizes)[:, None]).reshape((draws,) + x.shape[1:])
+
+
+def episode_bootstrap_intervals(
+    y: npt.ArrayLike, mean: npt.ArrayLike, var: npt.ArrayLike, groups: npt.ArrayLike, *, level: float = 0.95,
+    draws: int = 1000, seed: int = 0, levels: int = 100,
+) -> dict[str, np.ndarray]:
+    """Percentile intervals [2, D] of MSE, Gaussian NLL, CRPS and MACE over episode resamples.
+
+    All four come from one set of resampled group weights: the means of per-sample squared error,
+    NLL and CRPS, and for MACE the mean coverage indicators at every calibration level (so the
+    resampled MACE is computed exactly as :func:`calibration_curve` computes it)."""
+    y, mean, var = _gaussian(y, mean, var, "var")
+    y, mean, var = _columns(y), _columns(mean), _columns(var)
+    std = np.sqrt(var)
+    expected = np.linspace(0.0, 1.0, levels)
+    covered = _erf(np.abs(y - mean) / std / _SQRT2)[..., None] <= expected  # [N, D, L]
+    per_sample = {"mse": (y - mean) ** 2, "nll": gaussian_nll(y, mean, var, reduce=False),
+                  "crps": gaussian_crps(y, mean, std, reduce=False)}
+    stacked = np.concatenate([np.stack(list(per_sample.values()), axis=-1), covered.astype(np.float64)], axis=-1)  # [N, D, 3 + L]
+    resampled = group_bootstrap_means(stacked, groups, draws, seed)  # [draws, D, 3 + L]
+    values = {name: resampled[..., k] for k, name in enumerate(per_sample)}
+    values["mace"] = np.abs(resampled[..., 3:] - expected).mean(-1)
+    tail = 50 * (1 - level)
+    return {name: np.percentile(v, [tail, 100 - tail], axis=0) for name, v in values.items()}
+
+
 # --------------------------------------------------------------------------- censored Gaussians
 
 

@@ -31,7 +31,13 @@ from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.calibration import read_calibration
 from nsacdrive.controllers.censored import CENSORED_ACTIONS
-from nsacdrive.controllers.metrics import censored_scores, ood_auroc, pit_calibration_curve, regression_report
+from nsacdrive.controllers.metrics import (
+    censored_scores,
+    episode_bootstrap_intervals,
+    ood_auroc,
+    pit_calibration_curve,
+    regression_report,
+)
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import SequenceDataset
@@ -41,6 +47,8 @@ from nsacdrive.eval.modes import OFFLINE_SPLITS
 METRICS = ("mse", "nll", "crps", "mace", "rmsce", "sharpness", "ause", "aurc", "spearman", "coverage_90", "error_auroc")
 #: The metrics that recalibration changes (variance scaling keeps every ranking), reported raw and ``_cal``.
 CALIBRATED_METRICS = ("nll", "crps", "mace", "coverage_90")
+#: Episode resamples behind each ``<metric>_lo`` / ``_hi`` (95 % percentile interval; :func:`episode_bootstrap_intervals`).
+BOOTSTRAP_DRAWS = 1000
 #: An error is "large" above this quantile of the clean condition's |error| (per action): error_auroc's positives.
 ERROR_QUANTILE = 0.9
 #: The conformal level whose widths give the calibrated coverage_90.
@@ -55,6 +63,7 @@ class Predictions:
     epistemic: np.ndarray
     density: np.ndarray | None = None  # [N] feature-density score, when the run has one
     signals: dict[str, np.ndarray] | None = None  # head-specific signals [N, A] (Lévy: evidence, disagreement, deviation)
+    episode: np.ndarray | None = None  # [N] the episode of each sequence (the episode bootstrap's groups)
     latent_mean: np.ndarray | None = None  # [N, A] a censored-pedal head's latent Gaussian (controllers/censored.py)
     latent_variance: np.ndarray | None = None
 
@@ -78,18 +87,20 @@ def evenly_spaced(dataset: torch.utils.data.Dataset, max_samples: int | None) ->
 @torch.no_grad()
 def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int, batch_size: int = 64, seed: int = 0) -> Predictions:
     torch.manual_seed(seed)
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in ("target", "mean", "aleatoric", "epistemic", "density", "latent_mean",
-                                                                "latent_variance")}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in ("target", "mean", "aleatoric", "epistemic", "density", "episode",
+                                                                "latent_mean", "latent_variance")}
     signals: dict[str, list[np.ndarray]] = {}
     for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
+        parts["episode"].append(batch["episode"].numpy())
         for name in ("mean", "aleatoric", "epistemic", "density", "latent_mean", "latent_variance"):
             if (value := getattr(prediction, name)) is not None:
                 parts[name].append(value.numpy())
         for name, value in (prediction.signals or {}).items():
             signals.setdefault(name, []).append(value.numpy())
-    joined = {k: np.concatenate(v).astype(np.float64) if v else None for k, v in {**parts, **signals}.items()}
+    joined = {k: np.concatenate(v).astype(np.int64 if k == "episode" else np.float64) if v else None
+              for k, v in {**parts, **signals}.items()}
     return Predictions(**{k: joined[k] for k in parts}, signals={k: joined[k] for k in signals} or None)  # type: ignore[arg-type]
 
 
@@ -156,10 +167,14 @@ def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Se
     units of σ): coverage_90 is then that of the conformal interval μ ± q̂·σ instead of the Gaussian one."""
     report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
     abs_error, std = np.abs(pred.target - pred.mean), pred.std
+    intervals = None if pred.episode is None else episode_bootstrap_intervals(pred.target, pred.mean, std**2, pred.episode,
+                                                                                draws=BOOTSTRAP_DRAWS)
     for i, action in enumerate(ACTION_NAMES):
         metrics = report["per_action"][action]
         metrics["error_auroc"] = _split_auroc(std[:, i], abs_error[:, i] > error_threshold[i])
         metrics["mean_aleatoric"], metrics["mean_epistemic"] = float(pred.aleatoric[:, i].mean()), float(pred.epistemic[:, i].mean())
+        if intervals is not None:
+            metrics.update({f"{name}_{bound}": float(bounds[k, i]) for name, bounds in intervals.items() for k, bound in enumerate(("lo", "hi"))})
         if conformal_widths is not None:
             metrics["coverage_90"] = float(np.mean(abs_error[:, i] <= conformal_widths[i] * std[:, i]))
     for metric in ("error_auroc", "coverage_90"):
@@ -222,8 +237,10 @@ DEVIATION_METRICS = ("crps", "mace", "ause", "error_auroc")
 OOD_COLUMNS = ("ood_auroc", "ood_auroc_epistemic", "ood_auroc_density", "ood_auroc_deviation")
 #: a censored-pedal head scored under the censored predictive it trained with: the ``_censored`` columns.
 CENSORED_METRICS = ("nll", "crps", "mace", "coverage_90")
-TABLE_METRICS = (*METRICS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)), *(f"{m}_dev" for m in DEVIATION_METRICS),
-                 *(f"{m}_censored" for m in CENSORED_METRICS), *OOD_COLUMNS)
+#: the 95 % episode-bootstrap bounds shown in the table (offline.json holds those of mse, nll, crps and mace)
+INTERVAL_COLUMNS = ("crps_lo", "crps_hi")
+TABLE_METRICS = (*METRICS, *INTERVAL_COLUMNS, *(f"{m}_cal" for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)),
+                 *(f"{m}_dev" for m in DEVIATION_METRICS), *(f"{m}_censored" for m in CENSORED_METRICS), *OOD_COLUMNS)
 
 
 def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -238,7 +255,7 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 recalibrated = report.get("per_action_calibrated", {}).get(action, {})
                 row = {"model": result["model"], "run": Path(result["run"]).name, "recalibration": result["recalibration"],
                        "condition": condition, "action": action}
-                row.update({m: metrics[m] for m in METRICS})
+                row.update({m: metrics.get(m) for m in (*METRICS, *INTERVAL_COLUMNS)})
                 row.update({f"{m}_cal": recalibrated.get(m) for m in (*CALIBRATED_METRICS, *ISOTONIC_METRICS)})
                 deviation = report.get("per_action_deviation", {}).get(action, {})
                 row.update({f"{m}_dev": deviation.get(m) for m in DEVIATION_METRICS})

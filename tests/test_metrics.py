@@ -470,3 +470,51 @@ def test_module_does_not_import_test_oracles():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+# --------------------------------------------------------------------------- episode bootstrap
+
+
+def test_group_bootstrap_is_reproducible_and_exact_for_one_group():
+    from nsacdrive.controllers.metrics import group_bootstrap_means
+
+    values = np.arange(12.0).reshape(6, 2)
+    one_group = group_bootstrap_means(values, np.zeros(6), draws=5)
+    np.testing.assert_allclose(one_group, np.broadcast_to(values.mean(0), (5, 2)))
+    groups = np.array([0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(group_bootstrap_means(values, groups, 50, seed=3), group_bootstrap_means(values, groups, 50, seed=3))
+    draws = group_bootstrap_means(values, groups, 20_000, seed=1)
+    assert draws.mean(0) == pytest.approx(values.mean(0), abs=0.05)  # equal group sizes: unbiased
+    with pytest.raises(ValueError, match="one label per row"):
+        group_bootstrap_means(values, groups[:3])
+
+
+def test_episode_bootstrap_covers_when_episodes_are_correlated_and_a_sample_bootstrap_does_not():
+    from nsacdrive.controllers.metrics import episode_bootstrap_intervals
+
+    rng = np.random.default_rng(0)
+    episodes, per_episode, trials = 25, 20, 150
+    groups = np.repeat(np.arange(episodes), per_episode)
+    true_mse = 0.3**2 + 0.05**2
+    hits = {"episode": 0, "sample": 0}
+    for _ in range(trials):
+        error = rng.normal(0, 0.3, episodes)[groups] + rng.normal(0, 0.05, groups.size)  # errors shared within an episode
+        y, mean, var = error[:, None], np.zeros((groups.size, 1)), np.full((groups.size, 1), 0.1)
+        for name, labels in (("episode", groups), ("sample", np.arange(groups.size))):
+            lo, hi = episode_bootstrap_intervals(y, mean, var, labels, draws=400, seed=1)["mse"][:, 0]
+            hits[name] += lo <= true_mse <= hi
+    assert hits["episode"] / trials >= 0.85
+    assert hits["sample"] / trials <= 0.6
+
+
+def test_episode_bootstrap_intervals_bracket_the_point_metrics():
+    from nsacdrive.controllers.metrics import episode_bootstrap_intervals, gaussian_crps, mace, mse
+
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(12), 30)
+    y = rng.normal(0, 1, (groups.size, 2))
+    mean, std = 0.1 * rng.normal(size=y.shape), rng.uniform(0.5, 1.5, y.shape)
+    intervals = episode_bootstrap_intervals(y, mean, std**2, groups)
+    for name, point in (("mse", mse(y, mean)), ("crps", gaussian_crps(y, mean, std)), ("mace", mace(y, mean, std))):
+        lo, hi = intervals[name]
+        assert np.all(lo <= point + 1e-12) and np.all(point <= hi + 1e-12) and np.all(lo < hi)
