@@ -473,7 +473,7 @@ def closed_loop_eval(
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option("steer_std", "--monitor-score", help="The score of --monitor that raises alarms."),
     fallback: str = typer.Option("none", "--fallback", help="On an alarm: none (log it), slow (no gas above 30 units/s), or expert (the privileged expert drives; an intervention)."),
-    fallback_seconds: float = typer.Option(1.0, "--fallback-seconds", min=0.02, help="How long the fallback acts after the last alarm."),
+    fallback_seconds: float = typer.Option(0.1, "--fallback-seconds", min=0.02, help="How long the fallback acts after the last alarm."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
     backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
