@@ -20,18 +20,19 @@ not censored (it is tanh-squashed and rarely at ±1).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-from nsacdrive.controllers.actions import ACTION_NAMES
-from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.controllers.actions import ACTION_NAMES, squash
+from nsacdrive.controllers.prediction import UncertainPrediction, draw_spread
 
 PEDAL_LIKELIHOODS = ("gaussian", "censored")
 #: the actions the censored likelihood clips to [0, 1] (gas, brake)
 CENSORED_ACTIONS = torch.tensor([False, True, True])
 LATENT_LOW, LATENT_HIGH = -0.5, 1.5
 _LOG_2PI = math.log(2 * math.pi)
-_INV_SQRT2 = 1 / math.sqrt(2)
+_SQRT_2PI = math.sqrt(2 * math.pi)
 
 
 def squash_latent(raw: torch.Tensor) -> torch.Tensor:
@@ -42,10 +43,23 @@ def squash_latent(raw: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.tanh(raw[..., :1]), pedals], dim=-1)
 
 
+def to_action_box(censored_pedals: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The squash of a head's raw means: into the box (:func:`~nsacdrive.controllers.actions.squash`), or
+    with latent pedal means (:func:`squash_latent`) for the censored likelihood."""
+    return squash_latent if censored_pedals else squash
+
+
+def action_nll(mean: torch.Tensor, variance: torch.Tensor, target: torch.Tensor, censored_pedals: bool) -> torch.Tensor:
+    """Elementwise NLL [..., 3]: Gaussian for every action, or with the pedals censored (:func:`censored_nll`)."""
+    if censored_pedals:
+        return censored_nll(mean, variance, target)
+    return 0.5 * (_LOG_2PI + torch.log(variance) + (target - mean).square() / variance)
+
+
 def censored_nll(mean: torch.Tensor, variance: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Elementwise NLL [..., 3]: Gaussian for steer, censored at 0 and 1 for the pedals."""
     std = variance.sqrt()
-    gaussian = 0.5 * (_LOG_2PI + torch.log(variance) + (target - mean).square() / variance)
+    gaussian = action_nll(mean, variance, target, censored_pedals=False)
     at_low = -torch.special.log_ndtr(-mean / std)
     at_high = -torch.special.log_ndtr((mean - 1) / std)
     censored = CENSORED_ACTIONS.to(target.device)
@@ -58,8 +72,7 @@ def clipped_moments(mean: torch.Tensor, variance: torch.Tensor) -> tuple[torch.T
     std = variance.sqrt()
     lo, hi = -mean / std, (1 - mean) / std
     cdf_lo, cdf_hi = torch.special.ndtr(lo), torch.special.ndtr(hi)
-    pdf_lo, pdf_hi = torch.exp(-0.5 * lo.square()), torch.exp(-0.5 * hi.square())
-    pdf_lo, pdf_hi = pdf_lo / math.sqrt(2 * math.pi), pdf_hi / math.sqrt(2 * math.pi)
+    pdf_lo, pdf_hi = torch.exp(-0.5 * lo.square()) / _SQRT_2PI, torch.exp(-0.5 * hi.square()) / _SQRT_2PI
     inside = cdf_hi - cdf_lo
     first = mean * inside + std * (pdf_lo - pdf_hi) + (1 - cdf_hi)
     middle_second = (mean.square() + variance) * inside + 2 * mean * std * (pdf_lo - pdf_hi) + variance * (lo * pdf_lo - hi * pdf_hi)
@@ -75,14 +88,12 @@ def observed_moments(mean_draws: torch.Tensor, variance_draws: torch.Tensor) -> 
     m, v = clipped_moments(mean_draws, variance_draws)
     censored = CENSORED_ACTIONS.to(mean_draws.device)
     m, v = torch.where(censored, m, mean_draws), torch.where(censored, v, variance_draws)
-    epistemic = m.var(0, unbiased=False) if m.shape[0] > 1 else torch.zeros_like(m[0])
-    return m.mean(0), v.mean(0), epistemic
+    return m.mean(0), v.mean(0), draw_spread(m)
 
 
 def latent_moments(mean_draws: torch.Tensor, variance_draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The moment-matched latent Gaussian over draws [S, B, 3] → (mean, variance) [B, 3]."""
-    spread = mean_draws.var(0, unbiased=False) if mean_draws.shape[0] > 1 else torch.zeros_like(mean_draws[0])
-    return mean_draws.mean(0), variance_draws.mean(0) + spread
+    return mean_draws.mean(0), variance_draws.mean(0) + draw_spread(mean_draws)
 
 
 def censored_prediction(mean_draws: torch.Tensor, variance_draws: torch.Tensor) -> UncertainPrediction:

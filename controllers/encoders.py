@@ -44,7 +44,7 @@ class EncoderConfig:
         check_fields(self, "encoder", {"token_dim": AT_LEAST_ONE, "channels": AT_LEAST_ONE})
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
-        if self.kind in ("cnn", "cnn-grid") and any(c % GROUPS for c in self.channels[:2]):
+        if ENCODERS[self.kind].GROUP_NORM and any(c % GROUPS for c in self.channels[:2]):
             raise ValueError(f"encoder channels: the first two must be multiples of {GROUPS} (GroupNorm groups), got {self.channels}")
 
     @property
@@ -74,6 +74,7 @@ class PerFrameEncoder(nn.Module):
     LAST_CONV_INDEX: int
     FRAME_SHAPE: tuple[int, int, int] = PREPROCESSED_FRAME_SHAPE
     TOKENS_PER_FRAME: int = 1
+    GROUP_NORM: bool = False  # built on frame_convolutions: ``channels`` must suit its GroupNorm groups
 
     @property
     def last_conv(self) -> nn.Conv2d:
@@ -100,6 +101,7 @@ class FrameEncoder(PerFrameEncoder):
     """3 convolutions (8×8/4, 4×4/2, 3×3/1) → 7×8 map (``last_conv``, for Grad-CAM) → token."""
 
     LAST_CONV_INDEX = 6
+    GROUP_NORM = True
 
     def __init__(self, config: EncoderConfig | None = None) -> None:
         super().__init__()
@@ -119,6 +121,7 @@ class GridEncoder(PerFrameEncoder):
     collapse, issue 17); grid tokens give it places in the picture to choose between."""
 
     LAST_CONV_INDEX = 6
+    GROUP_NORM = True
     GRID = (3, 3)
     TOKENS_PER_FRAME = GRID[0] * GRID[1]
 

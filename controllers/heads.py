@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nsacdrive.controllers.actions import ACTION_NAMES, squash
-from nsacdrive.controllers.censored import censored_nll, censored_prediction, squash_latent
+from nsacdrive.controllers.censored import action_nll, censored_prediction, to_action_box
 from nsacdrive.controllers.nsac import (
     LOG_SIGMA_BOUNDS,
     NAC,
@@ -110,8 +110,7 @@ class NSACHead(UncertaintyHead):
     def draws(self, tokens: torch.Tensor, times: torch.Tensor, samples: int, return_internals: bool = False,
               generator: Generators = None) -> NSACOutput:
         out = self.layer(tokens, times, samples=samples, return_internals=return_internals, generator=generator)
-        to_box = squash_latent if self.objective.censored_pedals else squash
-        return NSACOutput(to_box(out.mean), out.log_sigma, out.internals)
+        return NSACOutput(to_action_box(self.objective.censored_pedals)(out.mean), out.log_sigma, out.internals)
 
     def training_loss(self, tokens, times, target, perturbed_tokens=None):
         if perturbed_tokens is None:
@@ -159,8 +158,7 @@ class GaussianHead(nn.Module):
         self.log_sigma = nn.Linear(features, N_ACTIONS)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        to_box = squash_latent if self.censored_pedals else squash
-        return to_box(self.mean(features)), smooth_floor(self.log_sigma(features), LOG_SIGMA_FLOOR)
+        return to_action_box(self.censored_pedals)(self.mean(features)), smooth_floor(self.log_sigma(features), LOG_SIGMA_FLOOR)
 
 
 class GMLEHead(UncertaintyHead):
@@ -178,7 +176,7 @@ class GMLEHead(UncertaintyHead):
             return {"total": gaussian_nll(mean, log_sigma, target, self.nll_beta)}
         check_targets(mean, target)
         variance = torch.exp(2 * log_sigma.clamp(*LOG_SIGMA_BOUNDS))
-        return {"total": beta_weighted_mean(censored_nll(mean, variance, target), variance, self.nll_beta)}
+        return {"total": beta_weighted_mean(action_nll(mean, variance, target, censored_pedals=True), variance, self.nll_beta)}
 
     def predict(self, tokens, times, samples):
         mean, log_sigma = self.gaussian(self.nac(tokens, times))

@@ -290,10 +290,15 @@ def calibration_curve(
         raise ValueError(f"kind must be 'interval' or 'quantile', got {kind!r}")
     z = (y - mean) / std
     if kind == "interval":
-        score = _erf(np.abs(z) / _SQRT2)
+        score = _interval_score(z)
     else:  # Φ(z) > 0 for finite z; its underflow to 0 (z < -8.3) must not count as covered at p = 0
         score = np.maximum(_norm_cdf(z), np.finfo(np.float64).smallest_subnormal)
     return _reliability(score, levels, kind)
+
+
+def _interval_score(z: np.ndarray) -> np.ndarray:
+    """2Φ(|z|) − 1: the smallest central interval level of N(0, 1) that covers z."""
+    return _erf(np.abs(z) / _SQRT2)
 
 
 def pit_calibration_curve(pit: npt.ArrayLike, levels: int = 100, kind: Literal["interval", "quantile"] = "interval") -> ReliabilityDiagram:
@@ -559,7 +564,7 @@ def episode_bootstrap_intervals(
     y, mean, var = _columns(y), _columns(mean), _columns(var)
     std = np.sqrt(var)
     expected = np.linspace(0.0, 1.0, levels)
-    covered = _erf(np.abs(y - mean) / std / _SQRT2)[..., None] <= expected  # [N, D, L]
+    covered = _interval_score((y - mean) / std)[..., None] <= expected  # [N, D, L]
     per_sample = {"mse": (y - mean) ** 2, "nll": gaussian_nll(y, mean, var, reduce=False),
                   "crps": gaussian_crps(y, mean, std, reduce=False)}
     stacked = np.concatenate([np.stack(list(per_sample.values()), axis=-1), covered.astype(np.float64)], axis=-1)  # [N, D, 3 + L]
@@ -620,15 +625,14 @@ def censored_scores(
         raise ValueError("targets of censored columns must lie in [0, 1]")
     std = np.sqrt(var)
     zeta, alpha, beta = (y - mean) / std, -mean / std, (1 - mean) / std
-    gaussian_nll_terms = 0.5 * (np.log(2 * np.pi * var) + zeta * zeta)
     at_low, at_high = mask & (y <= 0), mask & (y >= 1)
-    nll = np.where(at_low, -_log_norm_cdf(alpha), np.where(at_high, -_log_norm_cdf(-beta), gaussian_nll_terms))
+    nll = np.where(at_low, -_log_norm_cdf(alpha), np.where(at_high, -_log_norm_cdf(-beta), gaussian_nll(y, mean, var, reduce=False)))
     censored_crps = std * (_integral_cdf_squared(beta) - _integral_cdf_squared(alpha)) - 2 * std * (
         _integral_cdf(beta) - _integral_cdf(np.clip(zeta, alpha, beta))) + (1 - y)
-    crps = np.where(mask, censored_crps, _folded_normal_mean(y - mean, std) - std / _SQRT_PI)
+    crps = np.where(mask, censored_crps, gaussian_crps(y, mean, std, reduce=False))
     u = np.random.default_rng(seed).random(y.shape)
-    cdf = _norm_cdf(zeta)
-    pit = np.where(at_low, u * _norm_cdf(alpha), np.where(at_high, _norm_cdf(beta) + u * (1 - _norm_cdf(beta)), cdf))
+    cdf_low, cdf_high = _norm_cdf(alpha), _norm_cdf(beta)
+    pit = np.where(at_low, u * cdf_low, np.where(at_high, cdf_high + u * (1 - cdf_high), _norm_cdf(zeta)))
     curve = pit_calibration_curve(np.clip(pit, 0.0, 1.0))
     return {"nll": nll.mean(0), "crps": crps.mean(0), "mace": curve.mace, "coverage_90": np.mean(np.abs(2 * pit - 1) <= 0.9, axis=0)}
 

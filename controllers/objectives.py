@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nsacdrive.controllers.censored import censored_nll
+from nsacdrive.controllers.censored import action_nll
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
 
 
@@ -118,11 +118,7 @@ class NSACObjective:
         spread_id = clean.mean.var(0, unbiased=False)
         if self.include_epistemic:
             variance_bar = variance_bar + spread_id
-        if self.censored_pedals:
-            elementwise = censored_nll(mean_bar, variance_bar, target)
-        else:
-            elementwise = 0.5 * (math.log(2 * math.pi) + torch.log(variance_bar) + (target - mean_bar).square() / variance_bar)
-        nll = beta_weighted_mean(elementwise, variance_bar, self.beta)
+        nll = beta_weighted_mean(action_nll(mean_bar, variance_bar, target, self.censored_pedals), variance_bar, self.beta)
         spread_ood = perturbed.mean.var(0, unbiased=False)
         epistemic_id, epistemic_ood = spread_id.mean(), spread_ood.mean()
         if self.regulariser == "hinge":

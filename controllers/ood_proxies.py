@@ -26,10 +26,6 @@ PROXY_FAMILIES = ("shuffle", "blend", "noise")
 GRID = 4
 
 
-def _uniform(shape: tuple[int, ...], generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    return torch.rand(shape, generator=generator).to(like)
-
-
 def shuffle_cells(frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Permute the cells of a GRID × GRID partition of each sequence's frames (one permutation per
     sequence); rows and columns beyond the last whole cell stay in place."""
@@ -49,7 +45,7 @@ def shuffle_cells(frames: torch.Tensor, generator: torch.Generator) -> torch.Ten
 
 def blend_with_other(frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Each sequence mixed with the next one in the batch (the last with the first), weight U(0.4, 0.6)."""
-    weight = (0.4 + 0.2 * _uniform((frames.shape[0],), generator, frames)).view(-1, 1, 1, 1, 1)
+    weight = (0.4 + 0.2 * torch.rand(frames.shape[0], generator=generator).to(frames)).view(-1, 1, 1, 1, 1)
     return weight * frames + (1 - weight) * frames.roll(1, dims=0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,12 +37,15 @@ class UncertainPrediction:
     @classmethod
     def cat(cls, parts: Sequence[UncertainPrediction]) -> UncertainPrediction:
         """Predictions of consecutive batch rows → one prediction (rows in order)."""
-        def cat(name: str) -> torch.Tensor | None:
-            return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
+        def cat(name: str) -> torch.Tensor | dict[str, torch.Tensor] | None:
+            first = getattr(parts[0], name)
+            if first is None:
+                return None
+            if isinstance(first, dict):  # signals: one tensor per key
+                return {key: torch.cat([getattr(p, name)[key] for p in parts]) for key in first}
+            return torch.cat([getattr(p, name) for p in parts])
 
-        signals = None if parts[0].signals is None else {key: torch.cat([p.signals[key] for p in parts]) for key in parts[0].signals}
-        return cls(*(cat(name) for name in ("mean", "aleatoric", "epistemic", "attention", "density")), signals,  # type: ignore[arg-type]
-                   cat("latent_mean"), cat("latent_variance"))
+        return cls(**{field.name: cat(field.name) for field in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 
 def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_floor: float = 0.0) -> UncertainPrediction:
@@ -49,6 +53,9 @@ def decompose(mean_draws: torch.Tensor, log_sigma_draws: torch.Tensor, variance_
 
     ``variance_floor``: the constant a head's loss adds to every variance (NSAC's ε), so that the
     reported aleatoric variance is the one the loss was computed with."""
-    mean = mean_draws.mean(0)
-    epistemic = mean_draws.var(0, unbiased=False) if mean_draws.shape[0] > 1 else torch.zeros_like(mean)
-    return UncertainPrediction(mean, torch.exp(2 * log_sigma_draws).mean(0) + variance_floor, epistemic)
+    return UncertainPrediction(mean_draws.mean(0), torch.exp(2 * log_sigma_draws).mean(0) + variance_floor, draw_spread(mean_draws))
+
+
+def draw_spread(draws: torch.Tensor) -> torch.Tensor:
+    """Var over the draw axis 0 (population), or zeros for a single draw."""
+    return draws.var(0, unbiased=False) if draws.shape[0] > 1 else torch.zeros_like(draws[0])

@@ -167,8 +167,8 @@ def _report(pred: Predictions, error_threshold: np.ndarray, conformal_widths: Se
     units of σ): coverage_90 is then that of the conformal interval μ ± q̂·σ instead of the Gaussian one."""
     report = regression_report(pred.target, pred.mean, pred.aleatoric, pred.epistemic, action_names=ACTION_NAMES)
     abs_error, std = np.abs(pred.target - pred.mean), pred.std
-    intervals = None if pred.episode is None else episode_bootstrap_intervals(pred.target, pred.mean, std**2, pred.episode,
-                                                                                draws=BOOTSTRAP_DRAWS)
+    intervals = None if pred.episode is None else episode_bootstrap_intervals(pred.target, pred.mean, pred.aleatoric + pred.epistemic,
+                                                                                pred.episode, draws=BOOTSTRAP_DRAWS)
     for i, action in enumerate(ACTION_NAMES):
         metrics = report["per_action"][action]
         metrics["error_auroc"] = _split_auroc(std[:, i], abs_error[:, i] > error_threshold[i])
