@@ -166,3 +166,18 @@ def test_human_mode_still_renders_a_window_with_the_fast_renderer():
     assert env.unwrapped.screen is not None and env.unwrapped.screen.get_size() == (1000, 800)
     assert observation.shape == (96, 96, 3) and observation.std() > 5
     env.close()
+
+
+def test_the_hud_font_survives_a_closed_window_env():
+    """A human-mode env's close() calls pygame.quit(), which invalidates fonts made before it."""
+    shown = make_car_racing(renderer="fast", render_mode="human")
+    shown.reset(seed=2)
+    shown.unwrapped.reward = 1234.0  # a score string no renderer has cached yet
+    shown.unwrapped.render_observation()
+    shown.close()
+    env = make_car_racing(renderer="fast")
+    env.reset(seed=2)
+    env.unwrapped.reward = 4321.0
+    frame = env.unwrapped.render_observation()
+    assert frame[86:93, 1:11].max() > 100  # the digits are drawn
+    env.close()
