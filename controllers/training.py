@@ -69,7 +69,9 @@ from nsacdrive.data_collection.dataset import (
     EpisodeGroupedSampler,
     SequenceAugment,
     SequenceDataset,
+    batch_loader,
     load_episode_records,
+    network_frames,
 )
 
 
@@ -150,6 +152,10 @@ class Trainer:
             return None
         return functools.partial(augment_sequence, config=cfg.udacity_augment)
 
+    def _network_frames(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The batch's uint8 frames moved to the training device, then scaled there."""
+        return network_frames(batch["frames"].to(self.device, non_blocking=True), self.train_set.kind)
+
     def _augment_batch(self, frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Per-batch colour augmentation of preprocessed frames (CarRacing RGB or Udacity YUV)."""
         augment = colour_augment_yuv if self.config.model.observation == "udacity" else colour_augment
@@ -209,7 +215,7 @@ class Trainer:
         passes = 1 if cfg.min_batches_per_epoch is None else max(1, math.ceil(cfg.min_batches_per_epoch * cfg.batch_size / len(dataset)))
         sampler = EpisodeGroupedSampler(dataset, seed=cfg.seed, passes=passes)
         sampler.set_epoch(epoch)
-        return DataLoader(dataset, batch_size=self.config.batch_size, sampler=sampler, num_workers=0)
+        return batch_loader(dataset, self.config.batch_size, sampler)
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         cfg = self.config
@@ -237,7 +243,7 @@ class Trainer:
     def _train_step(self, batch: dict[str, torch.Tensor], where: str, augment_rng: torch.Generator,
                     perturb_rng: torch.Generator) -> dict[str, float]:
         """One optimiser step on ``batch``; stops with :class:`TrainingDiverged` on a NaN/inf loss or gradient."""
-        frames = self._augment_batch(batch["frames"], augment_rng).to(self.device)
+        frames = self._augment_batch(self._network_frames(batch), augment_rng)
         terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
                                          perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
         self.optimizer.zero_grad(set_to_none=True)
@@ -275,7 +281,7 @@ class Trainer:
         for index, batch in enumerate(self._batches(self.val_set, 0)):
             if self.config.max_val_batches is not None and index >= self.config.max_val_batches:
                 break
-            terms = self.model.training_loss(batch["frames"].to(self.device), batch["timestamps"].to(self.device),
+            terms = self.model.training_loss(self._network_frames(batch), batch["timestamps"].to(self.device),
                                              batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
                                              speed=batch["speed"].to(self.device))
             loss = float(terms["total"])

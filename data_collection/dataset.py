@@ -1,9 +1,13 @@
 """Torch Dataset of T-frame sequences built on the fly from episode files.
 
 * Frame stacks are never stored: a sample is the T frames ending at step t, ``frame_stride``
-  steps apart, passed through the preprocessing of the dataset's observation kind
-  (:func:`nsacdrive.envs.observation_kinds.preprocess_for`: CarRacing HUD cropped, CHW, [0,1]; Udacity
-  cropped, 66×200 YUV in [−1, 1]). Every episode must hold that kind's raw frames.
+  steps apart, encoded for the dataset's observation kind (``ObservationKind.encode``: CarRacing
+  HUD cropped, CHW; Udacity cropped, 66×200 YUV) and still **uint8**: a quarter of float32's
+  bytes on their way to the model, scaled to its input range on the model's device by
+  :func:`network_frames`. Every episode must hold that kind's raw frames.
+* Batches are gathered whole (``__getitems__``, which DataLoader calls with a batch of indices;
+  build loaders with :func:`batch_loader`): one fancy-index copy per episode out of the
+  :class:`nsacdrive.data_collection.frame_store.FrameStore` (episodes decoded once, memory-mapped).
 * Udacity training data is augmented per sample on the raw frames (``augment``, e.g.
   :func:`nsacdrive.controllers.udacity_augment.augment_sequence`: side cameras, flips, shifts change the
   steering label too), seeded by :meth:`SequenceDataset.reseed` and the sample index.
@@ -11,9 +15,11 @@
   (:func:`nsacdrive.data_collection.udacity_import.udacity_dataset`), or an imported dataset folder.
 * Splits are by TRACK SEED (``SeedSplit``): train/val/test seed sets are disjoint, so no track
   is seen on both sides (the published split was random per frame).
-* Memory is bounded: only the small arrays of every episode stay in RAM; decoded frames live
-  in an LRU cache of ``cache_episodes`` episodes. :class:`EpisodeGroupedSampler` shuffles
-  episodes and then samples within a small group of them, so the cache is hit almost always.
+* Memory is bounded: only the small arrays of every episode stay in RAM; encoded frames are
+  memory-mapped files the operating system caches. Augmented or corrupted samples need the raw
+  frames: those live in an LRU cache of ``cache_episodes`` decoded episodes.
+  :class:`EpisodeGroupedSampler` shuffles episodes and then samples within a small group of them,
+  so either cache is hit almost always.
 * Every episode is validated when the index is built (sidecar, size and sha256, dtypes,
   shapes, finite actions and speeds); a bad file raises an error naming it, or with ``on_error="skip"`` is
   left out with a warning while the other files load normally.
@@ -30,15 +36,16 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
+from nsacdrive.data_collection.frame_store import FrameStore
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.udacity_import import udacity_dataset
 from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for nsacdrive.eval.explain.report)
-from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, ObservationKind, observation_kind
 
 UDACITY_PREFIX = "udacity:"
 #: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
@@ -175,8 +182,34 @@ def sequence_timestamps(sequence_length: int, frame_stride: int) -> np.ndarray:
     return (sequence_offsets(sequence_length, frame_stride) / FPS).astype(np.float32)
 
 
+def network_frames(frames: torch.Tensor, kind: ObservationKind) -> torch.Tensor:
+    """Batches' uint8 frames (…, C, H, W) → the network's float32 input, on the frames' device
+    (move them first: a quarter of the bytes travel)."""
+    if frames.dtype != torch.uint8:
+        raise TypeError(f"network_frames expects the uint8 frames of a dataset batch, got {frames.dtype}")
+    scaled = frames.to(torch.float32) / kind.divisor
+    return scaled + kind.offset if kind.offset else scaled
+
+
+def frame_kind(dataset: Dataset) -> ObservationKind:
+    """The observation kind of a :class:`SequenceDataset`, also through ``torch.utils.data.Subset``s."""
+    while isinstance(dataset, torch.utils.data.Subset):
+        dataset = dataset.dataset
+    return dataset.kind
+
+
+def collate_batch(samples: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """DataLoader's collate for :class:`SequenceDataset`: its batches arrive already gathered."""
+    return samples if isinstance(samples, dict) else default_collate(samples)
+
+
+def batch_loader(dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None, shuffle: bool = False) -> DataLoader:
+    """A single-process DataLoader that gathers each batch in one ``__getitems__`` call."""
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle, num_workers=0, collate_fn=collate_batch)
+
+
 class SequenceDataset(Dataset):
-    """Samples ``(frames[T,C,H,W], action[3], action_sequence[T,3], timestamps[T], speed[T])``.
+    """Samples ``(frames[T,C,H,W] uint8, action[3], action_sequence[T,3], timestamps[T], speed[T])``.
 
     ``timestamps`` are seconds relative to the newest frame (…, −2·stride/50, −stride/50, 0);
     the target ``action`` is the expert label at the newest frame; ``speed`` is the car's measured
@@ -231,6 +264,16 @@ class SequenceDataset(Dataset):
         self._offsets = sequence_offsets(sequence_length, frame_stride)  # oldest … newest
         self.timestamps = torch.from_numpy(sequence_timestamps(sequence_length, frame_stride))
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._store = FrameStore(self.kind)
+        # every episode's labels and speeds in one array (n_steps + 1 rows each: speeds have one
+        # more than actions), so a batch's are one fancy index
+        rows = np.array([r.n_steps + 1 for r in self.episodes], dtype=np.int64)
+        self._first_row = np.concatenate([[0], np.cumsum(rows)])[:-1].astype(np.int64)
+        self._labels = np.zeros((int(rows.sum()), 3), dtype=np.float32)
+        self._speeds = np.zeros(int(rows.sum()), dtype=np.float32)
+        for record, first in zip(self.episodes, self._first_row, strict=True):
+            self._labels[first:first + record.n_steps] = record.actions
+            self._speeds[first:first + record.n_steps + 1] = record.speed
 
     def __len__(self) -> int:
         return len(self.index)
@@ -260,8 +303,39 @@ class SequenceDataset(Dataset):
         return frames
 
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
-        episode, step = (int(v) for v in self.index[item])
-        steps = step + self._offsets
+        return {key: value[0] for key, value in self.__getitems__([item]).items()}
+
+    def __getitems__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
+        """A whole batch: frames gathered per episode from the frame store (raw frames when
+        augmenting or corrupting), labels and speeds in one fancy index each."""
+        items = np.asarray(items, dtype=np.int64)
+        episodes, newest = self.index[items, 0], self.index[items, 1]
+        steps = newest[:, None] + self._offsets  # (B, T)
+        rows = self._first_row[episodes][:, None] + steps
+        labels, speed = self._labels[rows], self._speeds[rows]
+        if self.augment is None and self.corruption is None:
+            frames = np.empty((len(items), self.sequence_length, *self.kind.frame_shape), dtype=np.uint8)
+            for episode in np.unique(episodes).tolist():
+                members = np.flatnonzero(episodes == episode)
+                record = self.episodes[episode]
+                frames[members] = self._store.frames(record.sidecar_path, record.sidecar)[steps[members]]
+        else:
+            samples = [self._raw_sample(int(i), int(e), s) for i, e, s in zip(items, episodes, steps, strict=True)]
+            frames = np.stack([self.kind.encode(sample_frames) for sample_frames, _ in samples])
+            labels = np.stack([sample_labels for _, sample_labels in samples]).astype(np.float32)
+        return {
+            "frames": torch.from_numpy(frames),
+            "action": torch.from_numpy(np.ascontiguousarray(labels[:, -1])),
+            "action_sequence": torch.from_numpy(labels),
+            "speed": torch.from_numpy(speed),
+            "timestamps": self.timestamps.expand(len(items), -1),
+            "episode": torch.from_numpy(episodes),
+            "step": torch.from_numpy(newest),
+        }
+
+    def _raw_sample(self, item: int, episode: int, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw frames and labels of one sample, augmented (seeded by the epoch and the item) and
+        corrupted (each frame by its track seed and step: overlapping sequences agree)."""
         cameras = self._frames(episode)
         labels = self.episodes[episode].actions[steps]
         if self.augment is None:
@@ -269,18 +343,10 @@ class SequenceDataset(Dataset):
         else:
             rng = np.random.default_rng([self.augment_seed, item])
             frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng)
-        if self.corruption is not None:  # each frame by (track seed, its step): overlapping sequences agree
+        if self.corruption is not None:
             seed = int(self.episodes[episode].sidecar["track_seed"])
-            frames = np.stack([self.corruption(frame, seed, int(s)) for frame, s in zip(frames, steps)])
-        return {
-            "frames": torch.from_numpy(self.kind.preprocess(frames)),
-            "action": torch.from_numpy(labels[-1].copy()),
-            "action_sequence": torch.from_numpy(labels.copy()),
-            "speed": torch.from_numpy(self.episodes[episode].speed[steps].astype(np.float32)),
-            "timestamps": self.timestamps,
-            "episode": torch.tensor(episode),
-            "step": torch.tensor(step),
-        }
+            frames = np.stack([self.corruption(frame, seed, int(s)) for frame, s in zip(frames, steps, strict=True)])
+        return frames, labels
 
 
 class EpisodeGroupedSampler(Sampler[int]):

@@ -17,11 +17,12 @@ PREPROCESSED_FRAME_SHAPE = (3, RAW_FRAME_SHAPE[0] - HUD_ROWS, RAW_FRAME_SHAPE[1]
 PREPROCESS_VERSION = "crop-hud12-chw-unit-v1"
 
 
-def preprocess_observation(frames: np.ndarray) -> np.ndarray:
-    """Raw uint8 RGB frames (..., 96, 96, 3) → float32 (..., 3, 84, 96) in [0, 1], HUD cropped.
+def encode_observation(frames: np.ndarray) -> np.ndarray:
+    """Raw uint8 RGB frames (..., 96, 96, 3) → uint8 (..., 3, 84, 96), HUD cropped, channels first.
 
-    Works on one frame, a sequence or a batch of sequences: only the last three axes are
-    touched. Colour perturbations must be applied BEFORE this call (in RGB).
+    The network's layout before scaling: what datasets store and batches carry (a quarter of the
+    bytes of float32), scaled to [0, 1] on the model's device. Works on one frame, a sequence or
+    a batch of sequences: only the last three axes are touched.
     """
     frames = np.asarray(frames)
     if frames.dtype != np.uint8:
@@ -31,6 +32,13 @@ def preprocess_observation(frames: np.ndarray) -> np.ndarray:
             f"preprocess_observation expects frames of shape (..., 96, 96, 3), got {frames.shape}"
         )
     cropped = frames[..., : RAW_FRAME_SHAPE[0] - HUD_ROWS, :, :]
-    out = np.moveaxis(cropped, -1, -3).astype(np.float32) / 255.0
+    return np.ascontiguousarray(np.moveaxis(cropped, -1, -3))
+
+
+def preprocess_observation(frames: np.ndarray) -> np.ndarray:
+    """Raw uint8 RGB frames (..., 96, 96, 3) → float32 (..., 3, 84, 96) in [0, 1], HUD cropped:
+    :func:`encode_observation` scaled by 1/255. Colour perturbations must be applied BEFORE this
+    call (in RGB)."""
+    out = encode_observation(frames).astype(np.float32) / np.float32(255.0)
     assert out.shape[-3:] == PREPROCESSED_FRAME_SHAPE
     return out

@@ -10,6 +10,10 @@ model never sees frames prepared another way than it was trained on. An episode'
 | carracing  | 96×96×3             | 3×84×96, [0, 1] RGB     | :func:`nsacdrive.envs.observation.preprocess_observation` |
 | udacity    | 160×320×3           | 3×66×200, [−1, 1] YUV   | :func:`nsacdrive.envs.udacity_observation.preprocess_udacity` |
 
+Each transform is two steps: ``encode`` (raw → uint8 in the network's layout: what datasets
+store and batches carry) and a scaling ``x / divisor + offset`` (float32, done on the model's
+device by :func:`nsacdrive.data_collection.dataset.network_frames`); ``preprocess`` is both.
+
 ``intro_steps`` are skipped at the start of every episode (CarRacing's zoom-in animation; a
 recording has none). Timestamps are one convention for every kind — frames counted at
 CarRacing's 50 Hz (:func:`nsacdrive.data_collection.dataset.sequence_timestamps`) — so the closed-loop
@@ -25,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from nsacdrive.envs.car_racing import INTRO_STEPS
-from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, preprocess_observation
-from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
+from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, encode_observation, preprocess_observation
+from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, encode_udacity, preprocess_udacity
 
 DEFAULT_FRAME_KIND = "carracing"
 
@@ -39,6 +43,9 @@ class ObservationKind:
     raw_shape: tuple[int, int, int]
     frame_shape: tuple[int, int, int]
     preprocess: Callable[[np.ndarray], np.ndarray]
+    encode: Callable[[np.ndarray], np.ndarray]  # raw → uint8 network layout; preprocess = scaled encode
+    divisor: float  # network = encoded / divisor + offset (float32)
+    offset: float
     intro_steps: int
     default_encoder: str
     env: str  # the recorder's env (``nsacdrive collect --env``) whose camera draws these frames
@@ -46,8 +53,10 @@ class ObservationKind:
 
 OBSERVATION_KINDS: dict[str, ObservationKind] = {
     "carracing": ObservationKind("carracing", RAW_FRAME_SHAPE, PREPROCESSED_FRAME_SHAPE, preprocess_observation,
+                                 encode_observation, divisor=255.0, offset=0.0,
                                  intro_steps=INTRO_STEPS, default_encoder="cnn", env="carracing"),
     "udacity": ObservationKind("udacity", UDACITY_RAW_FRAME_SHAPE, UDACITY_FRAME_SHAPE, preprocess_udacity,
+                               encode_udacity, divisor=127.5, offset=-1.0,
                                intro_steps=0, default_encoder="nvidia", env="udacity-style"),
 }
 

@@ -23,8 +23,9 @@ UDACITY_PREPROCESS_VERSION = "crop60-25-area200x66-yuv-pm1-v1"
 JPEG_QUALITY = 90  # the simulator's camera images and our Udacity-layout recordings
 
 
-def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
-    """Raw uint8 RGB frames (..., 160, 320, 3) → float32 YUV (..., 3, 66, 200) in [−1, 1].
+def encode_udacity(frames: np.ndarray) -> np.ndarray:
+    """Raw uint8 RGB frames (..., 160, 320, 3) → uint8 YUV (..., 3, 66, 200): cropped, resized,
+    converted, channels first — the network's layout before scaling (what datasets store).
 
     Works on one frame, a sequence or a batch of sequences: only the last three axes are touched.
     """
@@ -34,13 +35,18 @@ def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
     if frames.ndim < 3 or frames.shape[-3:] != UDACITY_RAW_FRAME_SHAPE:
         raise ValueError(f"preprocess_udacity expects frames of shape (..., 160, 320, 3), got {frames.shape}")
     flat = frames.reshape(-1, *UDACITY_RAW_FRAME_SHAPE)
-    out = np.empty((len(flat), *UDACITY_FRAME_SHAPE), dtype=np.float32)
+    out = np.empty((len(flat), *UDACITY_FRAME_SHAPE), dtype=np.uint8)
     for i, frame in enumerate(flat):
         cropped = frame[CROP_TOP : UDACITY_RAW_FRAME_SHAPE[0] - CROP_BOTTOM]
         resized = cv2.resize(cropped, UDACITY_RESIZED, interpolation=cv2.INTER_AREA)
-        yuv = cv2.cvtColor(resized, cv2.COLOR_RGB2YUV)
-        out[i] = np.moveaxis(yuv, -1, 0).astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+        out[i] = np.moveaxis(cv2.cvtColor(resized, cv2.COLOR_RGB2YUV), -1, 0)
     return out.reshape(*frames.shape[:-3], *UDACITY_FRAME_SHAPE)
+
+
+def preprocess_udacity(frames: np.ndarray) -> np.ndarray:
+    """Raw uint8 RGB frames (..., 160, 320, 3) → float32 YUV (..., 3, 66, 200) in [−1, 1]:
+    :func:`encode_udacity` scaled as x / 127.5 − 1."""
+    return encode_udacity(frames).astype(np.float32) / np.float32(127.5) - np.float32(1.0)
 
 
 def encode_jpeg(frame: np.ndarray) -> bytes:

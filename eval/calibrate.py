@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.actions import ACTION_NAMES
@@ -29,7 +28,7 @@ from nsacdrive.controllers.density import DENSITY_FILE, FeatureDensity, fit_dens
 from nsacdrive.controllers.metrics import gaussian_nll, mace
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset, batch_loader, network_frames
 from nsacdrive.eval.modes import DENSITY_SAMPLES
 from nsacdrive.eval.offline import Predictions, evenly_spaced, predict_split
 
@@ -101,8 +100,8 @@ def _fit_density(model: torch.nn.Module, config: TrainConfig, data: str | Path, 
     seeds = parse_seeds(config.train_seeds, "train seeds")
     dataset = _clean_split(data, seeds, config, "training", run_dir)
     features = []
-    for batch in DataLoader(evenly_spaced(dataset, samples), batch_size=256, shuffle=False):
-        tokens = model.encode(batch["frames"][:, -1:], batch["speed"][:, -1:])
+    for batch in batch_loader(evenly_spaced(dataset, samples), 256):
+        tokens = model.encode(network_frames(batch["frames"][:, -1:], dataset.kind), batch["speed"][:, -1:])
         features.append(model.density_features(tokens))
     fingerprint = data_fingerprint([record.sidecar["sha256"] for record in dataset.episodes])
     return fit_density(torch.cat(features), tuple(seeds), fingerprint)

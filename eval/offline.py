@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.seeds import parse_seeds
@@ -40,7 +39,7 @@ from nsacdrive.controllers.metrics import (
 )
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset, batch_loader, frame_kind, network_frames
 from nsacdrive.envs.corruptions import CorruptionSpec
 from nsacdrive.eval.modes import OFFLINE_SPLITS
 
@@ -90,8 +89,8 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
     parts: dict[str, list[np.ndarray]] = {name: [] for name in ("target", "mean", "aleatoric", "epistemic", "density", "episode",
                                                                 "latent_mean", "latent_variance")}
     signals: dict[str, list[np.ndarray]] = {}
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        prediction = model.predict(batch["frames"], batch["timestamps"], samples=samples, speed=batch["speed"])
+    for batch in batch_loader(dataset, batch_size):
+        prediction = model.predict(network_frames(batch["frames"], frame_kind(dataset)), batch["timestamps"], samples=samples, speed=batch["speed"])
         parts["target"].append(batch["action"].numpy())
         parts["episode"].append(batch["episode"].numpy())
         for name in ("mean", "aleatoric", "epistemic", "density", "latent_mean", "latent_variance"):

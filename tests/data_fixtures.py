@@ -36,11 +36,11 @@ def frame_marker(frames: np.ndarray) -> np.ndarray:
 
 
 def preprocessed_marker(frames: np.ndarray) -> np.ndarray:
-    """Decode the step marker of preprocessed float frames (..., 3, 84, 96)."""
+    """Decode the step marker of network-layout frames (..., 3, 84, 96): a dataset's uint8 frames
+    or preprocessed floats in [0, 1]."""
     frames = np.asarray(frames)
-    low = np.rint(frames[..., 0, 0, 0] * 255).astype(np.int64)
-    high = np.rint(frames[..., 1, 0, 0] * 255).astype(np.int64)
-    return low + 256 * high
+    levels = frames.astype(np.int64) if frames.dtype == np.uint8 else np.rint(frames * 255).astype(np.int64)
+    return levels[..., 0, 0, 0] + 256 * levels[..., 1, 0, 0]
 
 
 def synthetic_arrays(n_steps: int, episode: int = 0, seed: int = 0, textured: bool = True) -> dict[str, np.ndarray]:

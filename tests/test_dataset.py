@@ -13,15 +13,22 @@ import psutil
 import pytest
 import torch
 from data_fixtures import preprocessed_marker, synthetic_arrays, synthetic_metadata, write_synthetic
-from torch.utils.data import DataLoader
 
 import nsacdrive.data_collection.dataset as dataset_module
-from nsacdrive.data_collection.dataset import INTRO_STEPS, EpisodeGroupedSampler, SeedSplit, SequenceDataset
+import nsacdrive.data_collection.frame_store as frame_store_module
+from nsacdrive.data_collection.dataset import (
+    INTRO_STEPS,
+    EpisodeGroupedSampler,
+    SeedSplit,
+    SequenceDataset,
+    batch_loader,
+    network_frames,
+)
 from nsacdrive.data_collection.episode import EpisodeFileError, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.summary import ACTION_NAMES, summarize
 from nsacdrive.envs.car_racing import FPS
-from nsacdrive.envs.observation import preprocess_observation
+from nsacdrive.envs.observation import encode_observation, preprocess_observation
 
 #: (n_steps, track seed) of the shared small dataset; episode i is written as "ep0i"
 EPISODES = [(30, 0), (30, 1), (25, 2), (40, 3), (12, 4), (30, 5)]
@@ -39,7 +46,8 @@ def small(tmp_path_factory):
 
 
 def _count_frame_loads(monkeypatch) -> collections.Counter:
-    """Count the decoding of each episode's frames (load_episode_arrays with observations)."""
+    """Count the decoding of each episode's frames (load_episode_arrays with observations), by the
+    frame store or by the raw-frame cache of augmented and corrupted samples."""
     calls: collections.Counter = collections.Counter()
     original = dataset_module.load_episode_arrays
 
@@ -49,7 +57,13 @@ def _count_frame_loads(monkeypatch) -> collections.Counter:
         return original(path, include_observations=include_observations, **kwargs)
 
     monkeypatch.setattr(dataset_module, "load_episode_arrays", counting)
+    monkeypatch.setattr(frame_store_module, "load_episode_arrays", counting)
     return calls
+
+
+def unchanged(frame: np.ndarray, seed: int, step: int) -> np.ndarray:
+    """A corruption that changes nothing: it sends samples through the raw-frame path."""
+    return frame
 
 
 # --------------------------------------------------------------------------- sequences
@@ -73,13 +87,16 @@ def test_sequences_return_the_right_frames_and_labels(small, T, stride, skip):
         assert ds.episode_of(item) == e
         frames = sample["frames"].numpy()
         steps = t + offsets
-        assert frames.shape == (T, 3, 84, 96) and frames.dtype == np.float32
+        assert frames.shape == (T, 3, 84, 96) and frames.dtype == np.uint8
         np.testing.assert_array_equal(preprocessed_marker(frames), steps)  # oldest … newest
-        assert np.all(np.rint(frames[:, 2, 0, 0] * 255) == e)  # frames of the right episode
-        np.testing.assert_array_equal(frames, preprocess_observation(arrays[e]["observations"][steps]))
+        assert np.all(frames[:, 2, 0, 0] == e)  # frames of the right episode
+        np.testing.assert_array_equal(frames, encode_observation(arrays[e]["observations"][steps]))
+        # scaled on the model's side: exactly the one preprocessing function's output
+        np.testing.assert_array_equal(network_frames(sample["frames"], ds.kind).numpy(),
+                                      preprocess_observation(arrays[e]["observations"][steps]))
         np.testing.assert_array_equal(sample["action"].numpy(), arrays[e]["expert_actions"][t])
         np.testing.assert_array_equal(sample["action_sequence"].numpy(), arrays[e]["expert_actions"][steps])
-        assert sample["timestamps"] is ds.timestamps
+        assert torch.equal(sample["timestamps"], ds.timestamps)
 
 
 def test_timestamps_for_stride_three(small):
@@ -91,10 +108,11 @@ def test_timestamps_for_stride_three(small):
     torch.testing.assert_close(ds[0]["timestamps"], torch.tensor([-0.18, -0.12, -0.06, 0.0]))
 
 
-def test_frames_are_preprocessed_floats_in_unit_range(small):
+def test_frames_are_uint8_that_scale_to_the_unit_range(small):
     root, arrays = small
     ds = SequenceDataset(root, sequence_length=4, skip_intro=0)
-    frames = ds[10]["frames"]
+    assert ds[10]["frames"].dtype == torch.uint8
+    frames = network_frames(ds[10]["frames"], ds.kind)
     assert frames.dtype == torch.float32 and tuple(frames.shape) == (4, 3, 84, 96)
     assert float(frames.min()) >= 0.0 and float(frames.max()) <= 1.0
     assert float(frames.max()) == 1.0 and float(frames.min()) == 0.0  # full range of random pixels
@@ -133,7 +151,7 @@ def test_too_short_episodes_give_no_samples(small):
 def test_dataloader_batches(small):
     root, _ = small
     ds = SequenceDataset(root, sequence_length=3, frame_stride=2, skip_intro=0, cache_episodes=2)
-    loader = DataLoader(ds, batch_size=8, sampler=EpisodeGroupedSampler(ds, seed=3))
+    loader = batch_loader(ds, 8, EpisodeGroupedSampler(ds, seed=3))
     batch = next(iter(loader))
     assert tuple(batch["frames"].shape) == (8, 3, 3, 84, 96)
     assert tuple(batch["action"].shape) == (8, 3)
@@ -282,8 +300,61 @@ def test_sampler_group_size_defaults_to_cache_and_cannot_exceed_it(many):
         EpisodeGroupedSampler(ds, group_size=4)
 
 
-def test_grouped_sampling_decodes_every_episode_once(many, monkeypatch):
-    ds = SequenceDataset(many, sequence_length=2, skip_intro=0, cache_episodes=3)
+def test_every_episode_is_decoded_once_into_the_frame_store(many, monkeypatch):
+    loads = _count_frame_loads(monkeypatch)
+    ds = SequenceDataset(many, sequence_length=2, skip_intro=0)
+    for epoch in range(2):
+        sampler = EpisodeGroupedSampler(ds, seed=5)
+        sampler.set_epoch(epoch)
+        for batch in batch_loader(ds, 16, sampler):
+            assert batch["frames"].dtype == torch.uint8
+    with_samples = {ds.episodes[ds.episode_of(i)].sidecar_path.stem for i in range(len(ds))}
+    assert set(loads) == with_samples and set(loads.values()) == {1}
+    again = SequenceDataset(many, sequence_length=2, skip_intro=0)  # a new run: the cached files are read
+    for item in range(len(again)):
+        again[item]
+    assert set(loads.values()) == {1}
+    assert len(list((many / ".frames").glob("*.npy"))) == len(with_samples)
+    assert not list((many / ".frames").glob("*.partial"))
+
+
+def test_a_changed_episode_is_decoded_again(tmp_path):
+    write_synthetic(tmp_path, "ep", 20, track_seed=0, episode=3, textured=False)
+    first = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0)[5]["frames"]
+    write_synthetic(tmp_path, "ep", 20, track_seed=0, episode=7, textured=False)  # same name, new pixels
+    second = SequenceDataset(tmp_path, sequence_length=1, skip_intro=0)[5]["frames"]
+    assert int(first[0, 2, 0, 0]) == 3 and int(second[0, 2, 0, 0]) == 7
+
+
+def test_a_read_only_dataset_caches_its_frames_elsewhere(tmp_path, monkeypatch):
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    write_synthetic(data, "ep", 20, track_seed=0, episode=2, textured=False)
+    monkeypatch.setenv("NSACDRIVE_FRAME_CACHE", str(cache))
+    (data / ".frames").write_text("not a folder")  # the dataset folder cannot hold the cache
+    sample = SequenceDataset(data, sequence_length=2, skip_intro=0)[4]
+    np.testing.assert_array_equal(preprocessed_marker(sample["frames"].numpy()), [4, 5])
+    assert len(list(cache.glob("*.npy"))) == 1
+
+
+def test_batches_equal_their_samples_stacked(small):
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=3, frame_stride=2, skip_intro=0)
+    items = [0, 40, 3, 77, 12]
+    batch = ds.__getitems__(items)
+    for row, item in enumerate(items):
+        for key, value in ds[item].items():
+            assert torch.equal(batch[key][row], value), key
+
+
+# --------------------------------------------------------------------------- LRU raw-frame cache (augmented or corrupted samples)
+
+
+def _first_item_of(ds: SequenceDataset, episode: int) -> int:
+    return int(np.flatnonzero(ds.index[:, 0] == episode)[0])
+
+
+def test_grouped_sampling_decodes_every_raw_episode_once(many, monkeypatch):
+    ds = SequenceDataset(many, sequence_length=2, skip_intro=0, cache_episodes=3, corruption=unchanged)
     loads = _count_frame_loads(monkeypatch)
     for item in EpisodeGroupedSampler(ds, seed=5):
         ds[item]
@@ -292,16 +363,9 @@ def test_grouped_sampling_decodes_every_episode_once(many, monkeypatch):
     assert set(loads) == with_samples and set(loads.values()) == {1}
 
 
-# --------------------------------------------------------------------------- LRU frame cache
-
-
-def _first_item_of(ds: SequenceDataset, episode: int) -> int:
-    return int(np.flatnonzero(ds.index[:, 0] == episode)[0])
-
-
 def test_lru_cache_evicts_least_recently_used(small, monkeypatch):
     root, _ = small
-    ds = SequenceDataset(root, sequence_length=1, skip_intro=0, cache_episodes=2)
+    ds = SequenceDataset(root, sequence_length=1, skip_intro=0, cache_episodes=2, corruption=unchanged)
     loads = _count_frame_loads(monkeypatch)
     for episode in (0, 1, 0, 2):
         ds[_first_item_of(ds, episode)]
@@ -314,18 +378,22 @@ def test_lru_cache_evicts_least_recently_used(small, monkeypatch):
 
 def test_cache_never_exceeds_its_size_and_returns_the_right_frames(small):
     root, _ = small
-    ds = SequenceDataset(root, sequence_length=2, skip_intro=0, cache_episodes=3)
+    ds = SequenceDataset(root, sequence_length=2, skip_intro=0, cache_episodes=3, corruption=unchanged)
+    plain = SequenceDataset(root, sequence_length=2, skip_intro=0)
     rng = np.random.default_rng(0)
     for item in rng.integers(0, len(ds), 300):
         sample = ds[int(item)]
         assert len(ds._cache) <= 3
         e, t = int(sample["episode"]), int(sample["step"])
         np.testing.assert_array_equal(preprocessed_marker(sample["frames"].numpy()), [t - 1, t])
-        assert np.all(np.rint(sample["frames"][:, 2, 0, 0].numpy() * 255) == e)
+        assert np.all(sample["frames"][:, 2, 0, 0].numpy() == e)
+        assert torch.equal(sample["frames"], plain[int(item)]["frames"])  # both paths give the same frames
 
 
-def test_bounded_memory_with_dataloader_and_grouped_sampler(tmp_path, monkeypatch):
-    # 40 episodes × 201 frames = 222 MB of decoded pixels; only cache_episodes (4) may be held.
+def test_bounded_memory_with_dataloader_and_grouped_sampler(tmp_path):
+    # 40 episodes × 201 frames: 194 MB of encoded frames. They are memory-mapped files, so the
+    # operating system may keep them as page cache (file-backed, shared, evicted under pressure);
+    # what the process itself allocates (anonymous memory) must stay small.
     n_episodes, n_steps = 40, 200
     for i in range(n_episodes):
         write_synthetic(tmp_path, f"ep{i:03d}", n_steps, track_seed=i, episode=i, textured=False)
@@ -333,22 +401,25 @@ def test_bounded_memory_with_dataloader_and_grouped_sampler(tmp_path, monkeypatc
     torch.set_num_threads(1)  # OMP threads spin badly when xdist keeps every core busy
     try:
         ds = SequenceDataset(tmp_path, sequence_length=4, skip_intro=100, cache_episodes=4)
-        sampler = EpisodeGroupedSampler(ds, seed=0)
-        loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=0)
+        loader = batch_loader(ds, 32, EpisodeGroupedSampler(ds, seed=0))
         gc.collect()
         process = psutil.Process()
-        baseline = peak = process.memory_info().rss
-        seen, max_cached = 0, 0
+
+        def anonymous() -> int:
+            info = process.memory_info()
+            return info.rss - info.shared
+
+        baseline = peak = anonymous()
+        seen = 0
         for batch in loader:
             seen += len(batch["step"])
-            max_cached = max(max_cached, len(ds._cache))
-            peak = max(peak, process.memory_info().rss)
+            peak = max(peak, anonymous())
     finally:
         torch.set_num_threads(threads)
     assert seen == len(ds) == n_episodes * (n_steps - 103)
-    assert max_cached == 4
-    # a cache that kept every episode measures ~280 MB here; the bounded one ~90 MB
-    assert (peak - baseline) / 2**20 < 160
+    assert not ds._cache  # no decoded episode is held: the frame store serves every sample
+    # one episode is decoded at a time (~11 MB raw) while its file is written
+    assert (peak - baseline) / 2**20 < 100
 
 
 # --------------------------------------------------------------------------- errors while indexing
@@ -395,7 +466,7 @@ def test_on_error_skip_warns_and_loads_the_rest(mixed):
         e, t = int(sample["episode"]), int(sample["step"])
         name = ds.episodes[e].sidecar_path.stem
         np.testing.assert_array_equal(sample["frames"].numpy(),
-                                      preprocess_observation(good[name]["observations"][[t - 1, t]]))
+                                      encode_observation(good[name]["observations"][[t - 1, t]]))
         np.testing.assert_array_equal(sample["action"].numpy(), good[name]["expert_actions"][t])
 
 

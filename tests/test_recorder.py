@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import apply_action_noise, termination_reason
 from nsacdrive.common.resume import SETTINGS_FILE
-from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset, network_frames
 from nsacdrive.data_collection.episode import SIDECAR_FIELDS, encode_episode, load_episode_arrays
 from nsacdrive.data_collection.manifest import MANIFEST_FIELDS, MANIFEST_NAME, build_manifest, sidecar_paths
 from nsacdrive.data_collection.recorder import CollectConfig, EpisodeJob, NoiseConfig, collect, episode_is_complete, run_episode
@@ -166,7 +166,8 @@ def test_dataset_over_a_real_recording(recorded):
     _, arrays = load_episode_arrays(out / f"{IDS[7]}.json")
     item = ds[len(ds) - 1]  # last sample of the seed-7 episode
     assert int(item["step"]) == STEPS - 1
-    np.testing.assert_array_equal(item["frames"].numpy(), preprocess_observation(arrays["observations"][[75, 77, 79]]))
+    np.testing.assert_array_equal(network_frames(item["frames"], ds.kind).numpy(),
+                                  preprocess_observation(arrays["observations"][[75, 77, 79]]))
     np.testing.assert_array_equal(item["action"].numpy(), arrays["expert_actions"][79])
 
 

@@ -19,7 +19,7 @@ from nsacdrive.controllers.registry import MODEL_BUILDERS
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
-from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset, network_frames
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.eval.driver import ControllerAgent
@@ -54,8 +54,9 @@ def test_every_model_trains_saves_and_predicts(dataset, tmp_path, model):
     assert state.epoch == 1 and np.isfinite(state.best_val)
     controller, config = load_run(tmp_path / model)
     assert config.model.model == model
-    sample = SequenceDataset(dataset, [2], sequence_length=4, frame_stride=2)[0]
-    prediction = controller.predict(sample["frames"][None], sample["timestamps"][None], samples=4)
+    data = SequenceDataset(dataset, [2], sequence_length=4, frame_stride=2)
+    sample = data[0]
+    prediction = controller.predict(network_frames(sample["frames"][None], data.kind), sample["timestamps"][None], samples=4)
     assert prediction.mean.shape == (1, 3)
     assert torch.all(prediction.mean[:, 0].abs() <= 1) and torch.all((prediction.mean[:, 1:] >= 0) & (prediction.mean[:, 1:] <= 1))
     assert torch.all(prediction.aleatoric > 0) and torch.all(prediction.epistemic >= 0)
@@ -151,7 +152,7 @@ def test_closed_loop_path_matches_the_dataset_path(dataset, tmp_path, model):
     step = int(data.index[item, 1])
     sample = data[item]
     torch.manual_seed(0)
-    offline = agent.model.predict(sample["frames"][None], sample["timestamps"][None], samples=4)
+    offline = agent.model.predict(network_frames(sample["frames"][None], data.kind), sample["timestamps"][None], samples=4)
     agent.reset()
     for t in range(step):  # drive through the episode as the closed loop does, frame by frame
         agent.act(observations[t], None)

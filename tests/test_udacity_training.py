@@ -26,7 +26,7 @@ from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence
-from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.dataset import SequenceDataset, network_frames
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
@@ -155,10 +155,10 @@ def test_udacity_dataset_preprocesses_the_centre_camera(recording, short_episode
     dataset = SequenceDataset(f"udacity:{recording.folder}", [1], sequence_length=3, observation="udacity")
     assert len(dataset) == 6  # 8 steps, sequences end at steps 2..7, no intro skipped
     sample = dataset[0]
-    assert sample["frames"].shape == (3, 3, 66, 200) and sample["frames"].dtype == torch.float32
+    assert sample["frames"].shape == (3, 3, 66, 200) and sample["frames"].dtype == torch.uint8
     rows = [8 + step for step in (0, 1, 2)]  # episode 1 starts at row 8
     expected = preprocess_udacity(np.stack([recording.rgb("center", r) for r in rows]))
-    np.testing.assert_array_equal(sample["frames"].numpy(), expected)
+    np.testing.assert_array_equal(network_frames(sample["frames"], dataset.kind).numpy(), expected)
     np.testing.assert_allclose(sample["action"].numpy(), recording.actions[10], atol=1e-6)
     np.testing.assert_allclose(sample["speed"].numpy(), recording.speed[rows], atol=1e-4)
 
@@ -243,7 +243,8 @@ def test_closed_loop_agent_matches_the_dataset_path(recording, short_episodes, t
         online = agent.predict(arrays["observations"][step], float(arrays["speed"][step]))
     sample = dataset[2]  # the sequence ending at step 4
     assert int(sample["step"]) == 4
-    offline = model.predict(sample["frames"][None], sample["timestamps"][None], samples=config.model.predict_samples,
+    offline = model.predict(network_frames(sample["frames"][None], dataset.kind), sample["timestamps"][None],
+                            samples=config.model.predict_samples,
                             speed=sample["speed"][None])
     torch.testing.assert_close(online.mean, offline.mean, rtol=1e-5, atol=1e-6)
     assert dataclasses.asdict(config.model)["observation"] == "udacity"
