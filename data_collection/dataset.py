@@ -265,6 +265,7 @@ class SequenceDataset(Dataset):
         self.timestamps = torch.from_numpy(sequence_timestamps(sequence_length, frame_stride))
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._store = FrameStore(self.kind)
+        self._encoded_frames: dict[int, np.ndarray] = {}
         # every episode's labels and speeds in one array (n_steps + 1 rows each: speeds have one
         # more than actions), so a batch's are one fancy index
         rows = np.array([r.n_steps + 1 for r in self.episodes], dtype=np.int64)
@@ -306,19 +307,21 @@ class SequenceDataset(Dataset):
         return {key: value[0] for key, value in self.__getitems__([item]).items()}
 
     def __getitems__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
-        """A whole batch: frames gathered per episode from the frame store (raw frames when
-        augmenting or corrupting), labels and speeds in one fancy index each."""
+        """A whole batch, its rows grouped by episode (stable: the sampler's order within an
+        episode): each episode's frames are then one copy out of the frame store into a slice of
+        the batch. Labels and speeds are one fancy index each; augmented or corrupted samples take
+        the raw-frame path."""
         items = np.asarray(items, dtype=np.int64)
+        items = items[np.argsort(self.index[items, 0], kind="stable")]
         episodes, newest = self.index[items, 0], self.index[items, 1]
         steps = newest[:, None] + self._offsets  # (B, T)
         rows = self._first_row[episodes][:, None] + steps
         labels, speed = self._labels[rows], self._speeds[rows]
         if self.augment is None and self.corruption is None:
             frames = np.empty((len(items), self.sequence_length, *self.kind.frame_shape), dtype=np.uint8)
-            for episode in np.unique(episodes).tolist():
-                members = np.flatnonzero(episodes == episode)
-                record = self.episodes[episode]
-                frames[members] = self._store.frames(record.sidecar_path, record.sidecar)[steps[members]]
+            bounds = np.flatnonzero(np.diff(episodes)) + 1
+            for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(items)], strict=True):
+                np.take(self._encoded(int(episodes[start])), steps[start:stop], axis=0, out=frames[start:stop])
         else:
             samples = [self._raw_sample(int(i), int(e), s) for i, e, s in zip(items, episodes, steps, strict=True)]
             frames = np.stack([self.kind.encode(sample_frames) for sample_frames, _ in samples])
@@ -332,6 +335,14 @@ class SequenceDataset(Dataset):
             "episode": torch.from_numpy(episodes),
             "step": torch.from_numpy(newest),
         }
+
+    def _encoded(self, episode: int) -> np.ndarray:
+        """The episode's encoded frames from the frame store (memory-mapped, opened once)."""
+        frames = self._encoded_frames.get(episode)
+        if frames is None:
+            record = self.episodes[episode]
+            frames = self._encoded_frames[episode] = self._store.frames(record.sidecar_path, record.sidecar)
+        return frames
 
     def _raw_sample(self, item: int, episode: int, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw frames and labels of one sample, augmented (seeded by the epoch and the item) and

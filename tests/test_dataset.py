@@ -339,11 +339,19 @@ def test_a_read_only_dataset_caches_its_frames_elsewhere(tmp_path, monkeypatch):
 def test_batches_equal_their_samples_stacked(small):
     root, _ = small
     ds = SequenceDataset(root, sequence_length=3, frame_stride=2, skip_intro=0)
-    items = [0, 40, 3, 77, 12]
+    items = [40, 0, 77, 3, 12, 41]
     batch = ds.__getitems__(items)
-    for row, item in enumerate(items):
-        for key, value in ds[item].items():
+    rows = {(int(e), int(t)): row for row, (e, t) in enumerate(zip(batch["episode"], batch["step"], strict=True))}
+    assert len(rows) == len(items)
+    for item in items:
+        sample = ds[item]
+        row = rows[int(sample["episode"]), int(sample["step"])]
+        for key, value in sample.items():
             assert torch.equal(batch[key][row], value), key
+    # rows come grouped by episode, in the sampler's order within each
+    assert batch["episode"].tolist() == sorted(batch["episode"].tolist())
+    assert [int(t) for e, t in zip(batch["episode"], batch["step"]) if int(e) == ds.episode_of(40)] == \
+        [int(ds.index[i, 1]) for i in items if ds.episode_of(i) == ds.episode_of(40)]
 
 
 # --------------------------------------------------------------------------- LRU raw-frame cache (augmented or corrupted samples)
