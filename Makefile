@@ -67,6 +67,8 @@ bench: install bench-deps
 	$(PY) -m bench.nsac_speed
 	$(PY) -m bench.levy_speed
 	$(PY) -m bench.training_speed
+	$(PY) -m bench.data_pipeline
+	$(PY) -m bench.accelerator
 	$(PY) -m bench.closed_loop_speed
 
 clean:

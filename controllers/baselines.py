@@ -40,6 +40,7 @@ from nsacdrive.controllers.density import FeatureDensity
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import N_ACTIONS, GaussianHead, GMLEHead, UncertaintyHead
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig
 from nsacdrive.controllers.objectives import check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
@@ -344,7 +345,7 @@ class SDENetHead(UncertaintyHead):
         noise_scale = (g * math.sqrt(dt))[..., None]
         h = h0
         for _ in range(self.depth):
-            xi = torch.randn(h.shape, generator=generator, device=h.device, dtype=h.dtype)
+            xi = randn_like_on(h.shape, generator, h)
             h = h + self.drift(h) * dt + noise_scale * xi
         return h
 

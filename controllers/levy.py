@@ -560,7 +560,10 @@ class LevyCrossAttention(nn.Module):
         """(ā [B, H, mc, d], K draws [K, B, H, mc, d]) for one chunk of β-scaled query directions."""
         abar = self._mean_signals(directions, keys)[0]
         rates = self._rates(directions, keys)
-        counts = torch.poisson(rates.detach().expand(draws, *rates.shape).contiguous(), generator=generator)
+        expanded = rates.detach().expand(draws, *rates.shape).contiguous()
+        if generator is not None and generator.device != rates.device:  # draws on the generator's device (randn_like_on)
+            expanded = expanded.to(generator.device)
+        counts = torch.poisson(expanded, generator=generator).to(rates.device)
         total = counts.sum(-1, keepdim=True)
         sampled = keys.centre + (counts @ keys.deviations) / total.clamp(min=1)
         return abar, torch.where(total > 0, sampled, abar)

@@ -41,6 +41,7 @@ from nsacdrive.controllers.circuit_attention import (
     validate_inputs,
 )
 from nsacdrive.controllers.ncp import CircuitActivations, NCPCircuit, NCPWiring
+from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
 
 ACTIVATIONS = {"identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "sigmoid": nn.Sigmoid, "gelu": nn.GELU}
@@ -163,11 +164,12 @@ def standard_normal(shape: tuple[int, ...], generator: Generators, batch_dim: in
     """N(0, 1) draws of ``shape``; with one generator per batch row, row b's draws come from
     ``generator[b]`` alone, so an episode's noise never depends on which episodes share its batch."""
     if generator is None or isinstance(generator, torch.Generator):
-        return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+        return randn_like_on(shape, generator, like)
     if len(generator) != shape[batch_dim]:
         raise ValueError(f"got {len(generator)} generators for a batch of {shape[batch_dim]}")
     row = shape[:batch_dim] + shape[batch_dim + 1:]
-    return torch.stack([torch.randn(row, generator=g, device=like.device, dtype=like.dtype) for g in generator], dim=batch_dim)
+    return torch.stack([randn_like_on(row, g, like) for g in generator], dim=batch_dim)
+
 
 
 def scatter_to_positions(weights: torch.Tensor, key_index: torch.Tensor, length: int) -> torch.Tensor:

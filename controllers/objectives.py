@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from nsacdrive.controllers.censored import action_nll
+from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NSACOutput
 
 
@@ -132,8 +133,7 @@ def gaussian_perturbation(x: torch.Tensor, mean: float, std: float, generator: t
     """x + N(mean, std²) elementwise, in the units of x (μ_pert, σ_pert of the objective)."""
     if std < 0:
         raise ValueError(f"perturbation std must be >= 0, got {std}")
-    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    return x + mean + std * noise
+    return x + mean + std * randn_like_on(x.shape, generator, x)
 
 
 @contextmanager

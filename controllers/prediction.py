@@ -30,6 +30,15 @@ class UncertainPrediction:
     latent_mean: torch.Tensor | None = None
     latent_variance: torch.Tensor | None = None
 
+    def to(self, device: torch.device | str) -> UncertainPrediction:
+        """This prediction with every tensor on ``device``."""
+        def move(value: torch.Tensor | dict[str, torch.Tensor] | None) -> torch.Tensor | dict[str, torch.Tensor] | None:
+            if isinstance(value, dict):
+                return {key: tensor.to(device) for key, tensor in value.items()}
+            return None if value is None else value.to(device)
+
+        return type(self)(**{field.name: move(getattr(self, field.name)) for field in dataclasses.fields(self)})
+
     @property
     def total(self) -> torch.Tensor:
         return self.aleatoric + self.epistemic

@@ -96,6 +96,8 @@ class DriveConfig:
     :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
         only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
         privileged expert drives: an intervention), each for ``fallback_steps`` after the last alarm
+    :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
+        episodes' own CPU streams either way, so a GPU drives the same episodes up to float rounding
     """
 
     max_steps: int = MAX_EPISODE_STEPS
@@ -110,6 +112,7 @@ class DriveConfig:
     fallback: str = "none"
     fallback_steps: int = FPS // 10  # 0.1 s: met issue 18's fallback target on 3 seeds where 1 s over-intervened on nominal laps
     fallback_speed: float = 30.0
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -118,6 +121,10 @@ class DriveConfig:
             raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
         if self.throttle_cap is not None and not self.throttle_cap >= 0:
             raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"drive config device: expected a torch device such as cpu or cuda, got {self.device!r}") from None
         if self.renderer not in RENDERERS:
             raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
         if (self.monitor_score is None) != (self.monitor_threshold is None):
@@ -422,7 +429,7 @@ def run_episodes(keys: Sequence[EpisodeKey], drive: DriveConfig = DriveConfig(),
     """
     run = _one_run(keys)
     try:
-        policy = ControllerPolicy(run, samples=drive.samples, raw=drive.raw)
+        policy = ControllerPolicy(run, samples=drive.samples, device=drive.device, raw=drive.raw)
         policy.reset_episodes(len(keys))
         if on_policy is not None:
             on_policy(policy)
@@ -458,7 +465,7 @@ def run_pipelined(groups: Sequence[Sequence[EpisodeKey]],
 
     run = _one_run([key for keys in groups for key in keys])
     try:
-        server = InferenceProcess(run, drive.samples, raw=drive.raw)
+        server = InferenceProcess(run, drive.samples, raw=drive.raw, device=drive.device)
     except Exception as exc:
         return [_unloadable(keys, drive, exc) for keys in groups]
     with server:

@@ -105,7 +105,8 @@ class ControllerPolicy:
             history = history.movedim(2, 0)  # [M, n, T, P, D]
         history = history.flatten(-3, -2)  # frames' tokens in order, as the encoder lays out a sequence
         times = self.timestamps.expand(len(rows), -1)
-        return self.model.predict_tokens(history, times, samples=self.samples, generators=generators)
+        prediction = self.model.predict_tokens(history, times, samples=self.samples, generators=generators)
+        return prediction if self.device.type == "cpu" else prediction.to("cpu")  # driving loops read numpy
 
 
 class ControllerAgent(ControllerPolicy):

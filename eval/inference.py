@@ -49,12 +49,13 @@ class InferenceProcess:
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, run_dir: str | Path, samples: int | None = None, threads: int | None = None, raw: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, samples: int | None = None, threads: int | None = None, raw: bool = False,
+                 device: str = "cpu") -> None:
         """Start the child and load the run there; InferenceError (with the child's reason) if it cannot."""
         context = get_context("spawn")  # fork is unsafe once OpenMP threads exist in the parent
         self._connection, child_end = context.Pipe()
         self._process = context.Process(target=_serve, name=f"nsacdrive-inference-{Path(run_dir).name}", daemon=True,
-                                        args=(child_end, str(run_dir), samples, threads or torch.get_num_threads(), raw))
+                                        args=(child_end, str(run_dir), samples, threads or torch.get_num_threads(), raw, device))
         self._process.start()
         child_end.close()
         self._frames: dict[int, tuple[SharedMemory, np.ndarray]] = {}  # slot → its shared frame buffer
@@ -141,11 +142,11 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _serve(connection: Connection, run_dir: str, samples: int | None, threads: int, raw: bool) -> None:
+def _serve(connection: Connection, run_dir: str, samples: int | None, threads: int, raw: bool, device: str) -> None:
     """The child: load the run, then answer requests until told to stop (None) or the pipe closes."""
     torch.set_num_threads(threads)
     try:
-        loaded = ControllerPolicy(run_dir, samples, raw=raw)  # the run is loaded (and checked) once up front
+        loaded = ControllerPolicy(run_dir, samples, device=device, raw=raw)  # the run is loaded (and checked) once up front
         connection.send(("ok", loaded.interface))
     except Exception as exc:
         connection.send(("error", _describe(exc)))
@@ -165,7 +166,7 @@ def _serve(connection: Connection, run_dir: str, samples: int | None, threads: i
         kind, slot, *body = message
         if kind == "open":
             if slot not in policies:
-                policies[slot] = ControllerPolicy(run_dir, samples, raw=raw) if policies else loaded
+                policies[slot] = ControllerPolicy(run_dir, samples, device=device, raw=raw) if policies else loaded
             policies[slot].reset_episodes(len(body[0]))
             generators[slot] = [torch.Generator().set_state(state) for state in body[0]]
         elif kind == "frames":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from nsacdrive.eval.closed_loop import LOG_FIELDS, OPTIONAL_LOG_FIELDS, DriveConfig
 
@@ -35,7 +36,14 @@ def drive_config(eval_dir: Path, samples: int | None = None) -> DriveConfig:
         drive = DriveConfig(**recorded)
     except (TypeError, ValueError) as exc:
         raise EvaluationError(f"{Path(eval_dir) / 'aggregates.json'}: unusable drive settings ({exc})") from None
+    if drive.device != "cpu" and not _device_present(drive.device):  # a GPU evaluation re-driven here: the same
+        drive = dataclasses.replace(drive, device="cpu")               # episodes up to float rounding (DriveConfig.device)
     return drive if samples is None else dataclasses.replace(drive, samples=samples)
+
+
+def _device_present(device: str) -> bool:
+    kind = torch.device(device)
+    return kind.type != "cuda" or (torch.cuda.is_available() and (kind.index or 0) < torch.cuda.device_count())
 
 
 def load_records(eval_dir: Path) -> list[dict[str, Any]]:

@@ -469,6 +469,7 @@ def closed_loop_eval(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
+    device: str = typer.Option("cpu", "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
     corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY (`nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option("steer_std", "--monitor-score", help="The score of --monitor that raises alarms."),
@@ -492,7 +493,7 @@ def closed_loop_eval(
         if fallback != "none" and monitor_dir is None:
             raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
         drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw,
-                            fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
+                            device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
         corruptions = tuple(s.name for s in parse_corruptions("all")) if corruption.strip() == "all" else \
             tuple(c.strip() for c in corruption.split(","))
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),

@@ -1,0 +1,135 @@
+"""Training and control on an accelerator, against this machine's CPU, side by side in one run.
+
+* training: samples/s of NSAC steps on the quality recipe's controller (``configs/quality.json``:
+  CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, the batch arriving as the
+  data pipeline makes it (uint8, moved to the device, scaled there), on the CPU (one thread) and
+  on CUDA;
+* control: one lockstep prediction for B episodes (newest frame encoded, tokens gathered from
+  the ring, 20 draws with each episode's own stream) at B = 1, 11 and 64, on the CPU and on CUDA.
+
+Without a CUDA device it says so, records ``"cuda": null`` and stops (issue 19: run it whenever
+a machine with a GPU is available). Usage: ``python -m bench.accelerator [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.common import print_table
+from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.objectives import gaussian_perturbation
+from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.data_collection.dataset import network_frames
+from nsacdrive.envs.observation_kinds import observation_kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quality_model() -> ModelConfig:
+    settings = json.loads((ROOT / "configs" / "quality.json").read_text())
+    return TrainConfig.from_dict({**settings, "data": "unused"}).model
+
+
+def synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(step, device: torch.device, repeats: int) -> float:
+    """Median seconds of ``step()`` after one warm-up call, the device drained around each call."""
+    step()
+    times = []
+    for _ in range(repeats):
+        synchronise(device)
+        start = time.perf_counter()
+        step()
+        synchronise(device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def training_rate(config: ModelConfig, device: torch.device, batch: int, repeats: int) -> float:
+    """NSAC training samples/s with uint8 batches scaled on ``device``."""
+    torch.manual_seed(0)
+    model = build_controller(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), 1e-3)
+    kind = observation_kind(config.observation)
+    frames = torch.randint(0, 256, (batch, 4, *kind.frame_shape), dtype=torch.uint8).pin_memory() if device.type == "cuda" \
+        else torch.randint(0, 256, (batch, 4, *kind.frame_shape), dtype=torch.uint8)
+    times = torch.tensor([[-0.12, -0.08, -0.04, 0.0]], device=device).expand(batch, 4)
+    target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, 4, device=device)
+    generator = torch.Generator().manual_seed(1)
+
+    def step() -> None:
+        inputs = network_frames(frames.to(device, non_blocking=True), kind)
+        loss = model.training_loss(inputs, times, target, perturb=lambda x: gaussian_perturbation(x, 0.0, 0.2, generator),
+                                   speed=speed)["total"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return batch / timed(step, device, repeats)
+
+
+def control_latency(config: ModelConfig, device: torch.device, episodes: int, repeats: int) -> float:
+    """Milliseconds of one lockstep prediction for ``episodes`` episodes (tokens of the newest frame
+    encoded, the T-frame history gathered, 20 draws from per-episode CPU streams)."""
+    torch.manual_seed(0)
+    model = build_controller(config).to(device).eval()
+    kind = observation_kind(config.observation)
+    raw = np.random.default_rng(0).integers(0, 255, (episodes, *kind.raw_shape), dtype=np.uint8)
+    history = None
+    generators = [torch.Generator().manual_seed(k) for k in range(episodes)]
+    times = torch.tensor([[-0.12, -0.08, -0.04, 0.0]], device=device).expand(episodes, 4)
+    speed = torch.full((episodes, 1), 30.0, device=device)
+
+    @torch.no_grad()
+    def step() -> None:
+        nonlocal history
+        newest = model.encode(torch.from_numpy(kind.preprocess(raw))[:, None].to(device), speed)
+        history = newest.repeat(1, 4, 1) if history is None else torch.cat([history[:, newest.shape[1]:], newest], dim=1)
+        prediction = model.predict_tokens(history, times, samples=20, generators=generators)
+        prediction.mean.cpu()  # a driving loop reads the actions on the host
+
+    return 1e3 * timed(step, device, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    repeats = 2 if args.quick else 10
+    config = quality_model()
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    results: dict[str, dict | None] = {"cpu": None, "cuda": None}
+    for device in devices:
+        results[device.type] = {
+            "train_samples_per_s": training_rate(config, device, 64, repeats),
+            "control_ms": {str(b): control_latency(config, device, b, 3 * repeats) for b in (1, 11, 64)},
+            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
+        }
+    cpu, gpu = results["cpu"], results["cuda"]
+    rows = [("training samples/s, quality NSAC, batch 64 (uint8 batches scaled on the device)",
+             f"CPU {cpu['train_samples_per_s']:.0f}" + (f" / CUDA {gpu['train_samples_per_s']:.0f} "
+                                                       f"({gpu['train_samples_per_s'] / cpu['train_samples_per_s']:.1f}×)" if gpu else ""))]
+    for b in ("1", "11", "64"):
+        rows.append((f"control ms, {b} episode(s) in lockstep, 20 draws",
+                     f"CPU {cpu['control_ms'][b]:.2f}" + (f" / CUDA {gpu['control_ms'][b]:.2f}" if gpu else "")))
+    rows.append(("accelerator", gpu["name"] if gpu else "no CUDA device on this machine: not run"))
+    print_table("training and control on an accelerator", rows)
+    out = ROOT / "bench" / "results" / ("accelerator-quick.json" if args.quick else "accelerator.json")
+    atomic_write_json(out, results)
+    print(f"\nsaved → {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
