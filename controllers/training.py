@@ -215,7 +215,7 @@ class Trainer:
         passes = 1 if cfg.min_batches_per_epoch is None else max(1, math.ceil(cfg.min_batches_per_epoch * cfg.batch_size / len(dataset)))
         sampler = EpisodeGroupedSampler(dataset, seed=cfg.seed, passes=passes)
         sampler.set_epoch(epoch)
-        return batch_loader(dataset, self.config.batch_size, sampler)
+        return batch_loader(dataset, self.config.batch_size, sampler, pin_memory=self.device.type == "cuda")
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         cfg = self.config

@@ -203,9 +203,12 @@ def collate_batch(samples: dict[str, torch.Tensor] | list[dict[str, torch.Tensor
     return samples if isinstance(samples, dict) else default_collate(samples)
 
 
-def batch_loader(dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None, shuffle: bool = False) -> DataLoader:
-    """A single-process DataLoader that gathers each batch in one ``__getitems__`` call."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle, num_workers=0, collate_fn=collate_batch)
+def batch_loader(dataset: Dataset, batch_size: int, sampler: Sampler[int] | None = None, shuffle: bool = False,
+                 pin_memory: bool = False) -> DataLoader:
+    """A single-process DataLoader that gathers each batch in one ``__getitems__`` call; ``pin_memory``
+    (for a CUDA device) lets batches move to it asynchronously."""
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle, num_workers=0, collate_fn=collate_batch,
+                      pin_memory=pin_memory)
 
 
 class SequenceDataset(Dataset):

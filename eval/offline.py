@@ -303,19 +303,24 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, rows: list[dict[s
     return markdown
 
 
-def seed_repeats(run_dir: Path, count: int, progress: bool = True) -> list[Path]:
-    """``run_dir`` plus ``count − 1`` retrainings with seeds seed+1, … (in run_dir/seed-repeats/, resumable)."""
+def seed_repeats(runs: Sequence[Path], count: int, workers: int = 1, backend: str = "process",
+                 address: str | None = None) -> dict[Path, list[Path]]:
+    """Each run plus ``count − 1`` retrainings with seeds seed+1, … (in RUN/seed-repeats/seedN,
+    resumable), trained as one sweep on a backend (:mod:`nsacdrive.controllers.sweep`)."""
     import dataclasses
 
-    from nsacdrive.controllers.training import Trainer
+    from nsacdrive.controllers.sweep import train_sweep
 
-    config = read_run_config(run_dir)
-    runs = [run_dir]
-    for k in range(1, count):
-        target = run_dir / "seed-repeats" / f"seed{config.seed + k}"
-        Trainer(dataclasses.replace(config, seed=config.seed + k), target, progress=progress).fit(resume=True)  # a finished one returns at once
-        runs.append(target)
-    return runs
+    repeats, trainings = {}, []
+    for run in runs:
+        config = read_run_config(run)
+        retrainings = [(dataclasses.replace(config, seed=config.seed + k), run / "seed-repeats" / f"seed{config.seed + k}")
+                       for k in range(1, count)]
+        trainings += retrainings
+        repeats[run] = [run] + [folder for _, folder in retrainings]
+    for _ in train_sweep(trainings, workers, backend, address):
+        pass
+    return repeats
 
 
 def aggregate_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ argument and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -328,19 +329,8 @@ def train(
     from nsacdrive.controllers.train_config import TrainConfig
     from nsacdrive.controllers.training import Trainer
 
-    try:
-        settings = json.loads(config.read_text()) if config is not None else {}
-    except FileNotFoundError:
-        raise typer.BadParameter(f"--config: {config} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"--config: {config} is not valid JSON ({exc})") from None
-    overrides = {"data": str(data) if data else None, "epochs": epochs, "batch_size": batch_size,
-                 "max_batches_per_epoch": max_batches_per_epoch, "seed": seed, "device": device}
-    settings.update({k: v for k, v in overrides.items() if v is not None})
-    if model is not None:
-        settings["model"] = {**settings.get("model", {}), "model": model.value}
-    if "data" not in settings:
-        raise typer.BadParameter("--data: give the dataset folder (or 'data' in --config)")
+    settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
+                                              "seed": seed, "device": device}, model.value if model is not None else None)
     try:
         train_config = TrainConfig.from_dict(settings)
         trainer = Trainer(train_config, out)
@@ -349,6 +339,69 @@ def train(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
+
+
+def _train_settings(config: Path | None, data: Path | None, overrides: dict, model: str | None) -> dict:
+    """TrainConfig fields from a --config file, with the flags given on the command line on top."""
+    try:
+        settings = json.loads(config.read_text()) if config is not None else {}
+    except FileNotFoundError:
+        raise typer.BadParameter(f"--config: {config} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"--config: {config} is not valid JSON ({exc})") from None
+    settings.update({k: v for k, v in {"data": str(data) if data else None, **overrides}.items() if v is not None})
+    if model is not None:
+        settings["model"] = {**settings.get("model", {}), "model": model}
+    if "data" not in settings:
+        raise typer.BadParameter("--data: give the dataset folder (or 'data' in --config)")
+    return settings
+
+
+@app.command()
+def sweep(
+    out: Path = typer.Option(..., "--out", help="Folder for one run per model and seed (MODEL-sSEED/) and sweep.json."),
+    seeds: str = typer.Option("0-2", "--seeds", help="Training seeds, e.g. 0-2."),
+    models: Optional[str] = typer.Option(None, "--models", help=f"Comma-separated controllers ({', '.join(MODEL_NAMES)}); default: the config's."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (overrides the config file)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON file with TrainConfig fields; flags override it."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
+    max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present on the worker) | cpu | cuda."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Trainings at a time (local processes; with --backend ray, a local cluster's CPUs)."),
+    backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); data and --out on a shared filesystem."),
+) -> None:
+    """Train every model × seed as one task each, on local processes or a Ray cluster (resumable:
+    run it again to finish an interrupted sweep). Every training runs single-threaded, so a seed
+    gives the same weights on every backend of one machine."""
+    check_output_folder(out)
+    from nsacdrive.common.atomic import atomic_write_json
+    from nsacdrive.controllers.sweep import seed_sweep, train_sweep
+    from nsacdrive.controllers.train_config import TrainConfig
+
+    if address is not None and backend.value != "ray":
+        raise typer.BadParameter("--address: only used with --backend ray")
+    names = [name.strip() for name in models.split(",") if name.strip()] if models else None
+    unknown = sorted(set(names or ()) - set(MODEL_NAMES))
+    if unknown:
+        raise typer.BadParameter(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODEL_NAMES)}")
+    settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size,
+                                              "max_batches_per_epoch": max_batches_per_epoch, "device": device}, None)
+    try:
+        trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
+        typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
+                   f"on {backend.value}, {workers} at a time → {out}")
+        results = []
+        for result in train_sweep(trainings, workers, backend.value, address):
+            results.append(dataclasses.asdict(result))
+            typer.echo(f"  {result.model} seed {result.seed}: {result.epochs} epochs, best validation loss {result.best_val:.4f} → {result.out}")
+    except (ValueError, ImportError) as exc:  # configs, datasets and checkpoints raise ValueErrors
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    atomic_write_json(out / "sweep.json", {"backend": backend.value, "address": address,
+                                           "runs": sorted(results, key=lambda r: (r["model"], r["seed"]))})
+    typer.echo(f"summary → {out / 'sweep.json'}")
 
 
 @app.command()
@@ -383,6 +436,9 @@ def evaluate_offline(
     colour_preset: Optional[str] = typer.Option(None, "--colour-preset", help=f"Also evaluate on these seeds recorded under this preset (one of {PRESETS}) and report OOD AUROC."),
     out: Path = typer.Option(Path("runs/offline"), "--out", help="Folder for offline.md / offline.csv / offline.json."),
     train_seeds: int = typer.Option(1, "--train-seeds", min=1, help="Retrain each run with N seeds (seed, seed+1, …) and report mean ± std."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Retrainings of --train-seeds at a time (local processes; with --backend ray, a local cluster's CPUs)."),
+    backend: Backend = typer.Option("process", "--backend", help="Where the retrainings run: process (local worker processes) or ray (Ray tasks)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for the retrainings (data and run folders on a shared filesystem)."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... (`nsacdrive env corruptions`)."),
@@ -399,14 +455,17 @@ def evaluate_offline(
         specs = parse_corruptions(corruptions) if corruptions is not None else []
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if address is not None and backend.value != "ray":
+        raise typer.BadParameter("--address: only used with --backend ray")
     loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
         results = []
+        repeats = seed_repeats(runs, train_seeds, workers, backend.value, address)  # each run first, then its retrainings
         for run in runs:
-            for repeat in seed_repeats(run, train_seeds):  # the run itself first, then its retrainings
+            for repeat in repeats[run]:
                 results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
                                             raw=raw, corruptions=specs))
-    except (CheckpointError, ValueError) as exc:
+    except (CheckpointError, ValueError, ImportError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     rows = aggregate_seeds(results) if train_seeds > 1 else table_rows(results)
