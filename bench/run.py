@@ -4,7 +4,8 @@
 2. collection throughput (``nsacdrive collect``, default fast renderer, expert agent) with 1 and
    2 workers and the peak resident memory of the whole process tree (sampled with psutil);
    worker start-up (spawn, imports) is included, as a user would see it;
-3. dataset memory: iterating a 50-episode × 1000-frame dataset through a DataLoader;
+3. dataset memory: one epoch over a 50-episode × 1000-frame dataset through a DataLoader (it builds
+   the frame store: every episode decoded once; ``bench/data_pipeline.py`` times the later epochs);
 4. expert quality on the held-out seeds 1000–1099.
 
 Usage: ``python -m bench.run [--quick]`` (``make bench``). Speeds on shared machines are noisy:
@@ -68,7 +69,7 @@ def dataset_memory(episodes: int, frames: int) -> dict[str, float]:
 import numpy as np, torch, sys
 torch.set_num_threads(1)  # batch collation is memory-bound; extra threads only spin on 2 cores
 from nsacdrive.data_collection.episode import write_episode
-from nsacdrive.data_collection.dataset import SequenceDataset, EpisodeGroupedSampler
+from nsacdrive.data_collection.dataset import SequenceDataset, EpisodeGroupedSampler, batch_loader
 folder = sys.argv[1]
 rng = np.random.default_rng(0)
 base = rng.integers(0, 255, size=(96, 96, 3), dtype=np.uint8)
@@ -83,7 +84,7 @@ for e in range({episodes}):
 print("ready", flush=True)
 sys.stdin.readline()
 ds = SequenceDataset(folder, sequence_length=4, cache_episodes=4)
-loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=EpisodeGroupedSampler(ds, seed=0))
+loader = batch_loader(ds, 64, EpisodeGroupedSampler(ds, seed=0))
 n = sum(len(batch["action"]) for batch in loader)
 print(n, flush=True)
 """
@@ -126,7 +127,7 @@ def main() -> None:
         ("collection steps/s, 1 worker (fast renderer)", f"{c1['steps_per_s']:.0f}  (peak RSS {c1['peak_rss_mb']:.0f} MB)"),
         ("collection steps/s, 2 workers (fast renderer)", f"{c2['steps_per_s']:.0f}  (peak RSS {c2['peak_rss_mb']:.0f} MB)"),
         ("  2 workers / 1 worker", f"{c2['steps_per_s'] / c1['steps_per_s']:.2f}×"),
-        (f"dataset iteration, {ds['episodes']} episodes", f"{ds['samples_per_s']:.0f} samples/s, peak RSS {ds['peak_rss_mb']:.0f} MB"),
+        (f"dataset, first epoch (builds the frame store), {ds['episodes']} episodes", f"{ds['samples_per_s']:.0f} samples/s, peak RSS {ds['peak_rss_mb']:.0f} MB"),
         (f"expert score, seeds {seeds[0]}-{seeds[-1]}",
          f"{quality['score_mean']:.1f} ± {quality['score_std']:.1f} (min {quality['score_min']:.1f})"),
         ("expert lap finished", f"{100 * quality['lap_finished_rate']:.0f}%"),
