@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import print_table
-from nsacdrive.common.atomic import atomic_write_json
+from bench.common import print_table, save_results
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.objectives import gaussian_perturbation
 from nsacdrive.controllers.registry import build_controller
@@ -126,9 +125,7 @@ def main() -> None:
                      f"CPU {cpu['control_ms'][b]:.2f}" + (f" / CUDA {gpu['control_ms'][b]:.2f}" if gpu else "")))
     rows.append(("accelerator", gpu["name"] if gpu else "no CUDA device on this machine: not run"))
     print_table("training and control on an accelerator", rows)
-    out = ROOT / "bench" / "results" / ("accelerator-quick.json" if args.quick else "accelerator.json")
-    atomic_write_json(out, results)
-    print(f"\nsaved → {out.relative_to(ROOT)}")
+    save_results("accelerator", args.quick, results)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,18 @@ class PeakRss:
         self._thread.join()
 
 
+def save_results(name: str, quick: bool, results: object) -> None:
+    """Write ``bench/results/NAME.json`` (``NAME-quick.json`` for a smoke run) atomically and say where."""
+    from pathlib import Path
+
+    from nsacdrive.common.atomic import atomic_write_json
+
+    root = Path(__file__).resolve().parents[1]
+    out = root / "bench" / "results" / (f"{name}-quick.json" if quick else f"{name}.json")
+    atomic_write_json(out, results)
+    print(f"\nsaved → {out.relative_to(root)}")
+
+
 def print_table(title: str, rows: list[tuple[str, str]]) -> None:
     width = max(len(name) for name, _ in rows)
     print(f"\n{title:<{width}}  value\n{'-' * width}  {'-' * 40}")

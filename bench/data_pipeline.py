@@ -25,12 +25,10 @@ import numpy as np
 import psutil
 import torch
 
-from bench.common import print_table
-from nsacdrive.common.atomic import atomic_write_json
+from bench.common import print_table, save_results
 from nsacdrive.data_collection.dataset import EpisodeGroupedSampler, SequenceDataset, batch_loader, network_frames
 from nsacdrive.data_collection.episode import write_episode
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET_SAMPLES_PER_S = 20_000
 
 
@@ -105,9 +103,7 @@ def main() -> None:
         ("uint8 → float32 scaling on the CPU (on an accelerator: there)", f"{scale_rate:,.0f} samples/s"),
     ]
     print_table("training data pipeline", rows)
-    out = ROOT / "bench" / "results" / ("data-pipeline-quick.json" if args.quick else "data-pipeline.json")
-    atomic_write_json(out, result)
-    print(f"\nsaved → {out.relative_to(ROOT)}")
+    save_results("data-pipeline", args.quick, result)
 
 
 if __name__ == "__main__":
