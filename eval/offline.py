@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -304,9 +304,10 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, rows: list[dict[s
 
 
 def seed_repeats(runs: Sequence[Path], count: int, workers: int = 1, backend: str = "process",
-                 address: str | None = None) -> dict[Path, list[Path]]:
+                 address: str | None = None, on_trained: Callable[[Any], None] | None = None) -> dict[Path, list[Path]]:
     """Each run plus ``count − 1`` retrainings with seeds seed+1, … (in RUN/seed-repeats/seedN,
-    resumable), trained as one sweep on a backend (:mod:`nsacdrive.controllers.sweep`)."""
+    resumable), trained as one sweep on a backend (:mod:`nsacdrive.controllers.sweep`);
+    ``on_trained`` gets each retraining's :class:`nsacdrive.controllers.sweep.SweepResult` as it finishes."""
     import dataclasses
 
     from nsacdrive.controllers.sweep import train_sweep
@@ -318,8 +319,9 @@ def seed_repeats(runs: Sequence[Path], count: int, workers: int = 1, backend: st
                        for k in range(1, count)]
         trainings += retrainings
         repeats[run] = [run] + [folder for _, folder in retrainings]
-    for _ in train_sweep(trainings, workers, backend, address):
-        pass
+    for result in train_sweep(trainings, workers, backend, address):
+        if on_trained is not None:
+            on_trained(result)
     return repeats
 
 

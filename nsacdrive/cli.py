@@ -460,7 +460,8 @@ def evaluate_offline(
     loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
         results = []
-        repeats = seed_repeats(runs, train_seeds, workers, backend.value, address)  # each run first, then its retrainings
+        repeats = seed_repeats(runs, train_seeds, workers, backend.value, address,  # each run first, then its retrainings
+                               lambda r: typer.echo(f"retrained {r.model} seed {r.seed}: {r.epochs} epochs → {r.out}"))
         for run in runs:
             for repeat in repeats[run]:
                 results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
