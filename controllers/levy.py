@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from nsacdrive.controllers.noise import poisson_on
+
 _PHI_SWITCH = 40.0  # φ: Poisson-sum branch below, asymptotic series above (docs/levy.md#the-function-phi)
 _PHI_TERMS = 160  # Poisson terms z = 1..160: the tail of Poisson(40) beyond 160 is < 1e-40
 _PHI_ORDER = 12  # asymptotic series Σ_{k≤12} k!/Λ^{k+1}; truncation error < 1e-11 relative at Λ = 40
@@ -560,10 +562,7 @@ class LevyCrossAttention(nn.Module):
         """(ā [B, H, mc, d], K draws [K, B, H, mc, d]) for one chunk of β-scaled query directions."""
         abar = self._mean_signals(directions, keys)[0]
         rates = self._rates(directions, keys)
-        expanded = rates.detach().expand(draws, *rates.shape).contiguous()
-        if generator is not None and generator.device != rates.device:  # draws on the generator's device (randn_like_on)
-            expanded = expanded.to(generator.device)
-        counts = torch.poisson(expanded, generator=generator).to(rates.device)
+        counts = poisson_on(rates.detach().expand(draws, *rates.shape).contiguous(), generator)
         total = counts.sum(-1, keepdim=True)
         sampled = keys.centre + (counts @ keys.deviations) / total.clamp(min=1)
         return abar, torch.where(total > 0, sampled, abar)

@@ -16,3 +16,9 @@ def randn_like_on(shape: tuple[int, ...] | torch.Size, generator: torch.Generato
     generator's device (``like``'s when there is none)."""
     device = like.device if generator is None else generator.device
     return torch.randn(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
+
+
+def poisson_on(rates: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Poisson counts of ``rates`` on ``rates``' device, drawn on the generator's device."""
+    device = rates.device if generator is None else generator.device
+    return torch.poisson(rates.to(device), generator=generator).to(rates.device)

@@ -8,7 +8,7 @@ reads memory-map. Pages then live in the operating system's cache, shared by eve
 (DataLoader workers, parallel trainings) and evicted under memory pressure, so no frame cache of
 our own bounds memory.
 
-A cached file is named by the episode's sha256 and the kind's encoding version, so an episode
+A cached file is named by the episode's sha256 and the kind's preprocessing version, so an episode
 that is replaced, or a changed preprocessing, never reads stale frames. Files are written to a
 temporary name and renamed (atomic). The cache lives in ``<dataset>/.frames/``; a dataset folder
 that cannot be written (a read-only share) keeps its cache under ``$NSACDRIVE_FRAME_CACHE`` or
@@ -27,7 +27,6 @@ from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.envs.observation_kinds import ObservationKind
 
 CACHE_FOLDER = ".frames"
-ENCODING_VERSIONS = {"carracing": "crop-hud12-chw-u8-v1", "udacity": "crop60-25-area200x66-yuv-chw-u8-v1"}
 
 
 def fallback_cache_root() -> Path:
@@ -43,25 +42,19 @@ class FrameStore:
 
     def __init__(self, kind: ObservationKind) -> None:
         self.kind = kind
-        self.version = ENCODING_VERSIONS[kind.name]
-        self._open: dict[Path, np.ndarray] = {}
 
     def path_for(self, sidecar_path: Path, sidecar: dict) -> Path:
         """The cache file of an episode (in its dataset folder's ``.frames``)."""
-        return Path(sidecar_path).parent / CACHE_FOLDER / f"{sidecar['sha256'][:24]}-{self.version}.npy"
+        return Path(sidecar_path).parent / CACHE_FOLDER / f"{sidecar['sha256'][:24]}-{self.kind.version}-u8.npy"
 
     def frames(self, sidecar_path: Path, sidecar: dict) -> np.ndarray:
-        """The episode's encoded frames, (n_steps + 1, C, H, W) uint8, read-only and memory-mapped."""
+        """The episode's encoded frames, (n_steps + 1, C, H, W) uint8, read-only and memory-mapped:
+        the cached file, made first when there is none (callers keep the array: mapping is not free)."""
         path = self.path_for(sidecar_path, sidecar)
-        if path not in self._open:
-            self._open[path] = self._load_or_build(path, Path(sidecar_path), sidecar)
-        return self._open[path]
-
-    def _load_or_build(self, path: Path, sidecar_path: Path, sidecar: dict) -> np.ndarray:
         for candidate in (path, fallback_cache_root() / path.name):
             if candidate.exists():
                 return np.load(candidate, mmap_mode="r")
-        _, arrays = load_episode_arrays(sidecar_path, include_observations=True, side_cameras=False)
+        _, arrays = load_episode_arrays(Path(sidecar_path), include_observations=True, side_cameras=False)
         encoded = self.kind.encode(arrays["observations"])
         try:
             _write_npy(path, encoded)

@@ -25,10 +25,8 @@ import pygame
 from gymnasium.envs.box2d import car_dynamics
 from gymnasium.envs.box2d.car_racing import GRASS_DIM, PLAYFIELD, SCALE, STATE_H, STATE_W, WINDOW_H, WINDOW_W, ZOOM
 
-from nsacdrive.envs.track_raster import TrackRaster, pattern_pixels
+from nsacdrive.envs.track_raster import _ONE, _SHIFT, TrackRaster, pattern_pixels
 
-_SHIFT = 4  # OpenCV sub-pixel bits: coordinates in 1/16 pixel
-_ONE = 1 << _SHIFT
 _HUD_S = WINDOW_W / 40.0
 _HUD_H = WINDOW_H / 40.0
 HUD_ROW = round(STATE_H * (WINDOW_H - 5 * _HUD_H) / WINDOW_H)  # 84: the HUD's black band covers rows 84..95

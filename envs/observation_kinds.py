@@ -29,8 +29,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from nsacdrive.envs.car_racing import INTRO_STEPS
-from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, RAW_FRAME_SHAPE, encode_observation, preprocess_observation
-from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, encode_udacity, preprocess_udacity
+from nsacdrive.envs.observation import (
+    PREPROCESS_VERSION,
+    PREPROCESSED_FRAME_SHAPE,
+    RAW_FRAME_SHAPE,
+    encode_observation,
+    preprocess_observation,
+)
+from nsacdrive.envs.udacity_observation import (
+    UDACITY_FRAME_SHAPE,
+    UDACITY_PREPROCESS_VERSION,
+    UDACITY_RAW_FRAME_SHAPE,
+    encode_udacity,
+    preprocess_udacity,
+)
 
 DEFAULT_FRAME_KIND = "carracing"
 
@@ -46,6 +58,7 @@ class ObservationKind:
     encode: Callable[[np.ndarray], np.ndarray]  # raw → uint8 network layout; preprocess = scaled encode
     divisor: float  # network = encoded / divisor + offset (float32)
     offset: float
+    version: str  # of ``preprocess``: recorded in sidecars, names cached encodings
     intro_steps: int
     default_encoder: str
     env: str  # the recorder's env (``nsacdrive collect --env``) whose camera draws these frames
@@ -53,10 +66,10 @@ class ObservationKind:
 
 OBSERVATION_KINDS: dict[str, ObservationKind] = {
     "carracing": ObservationKind("carracing", RAW_FRAME_SHAPE, PREPROCESSED_FRAME_SHAPE, preprocess_observation,
-                                 encode_observation, divisor=255.0, offset=0.0,
+                                 encode_observation, divisor=255.0, offset=0.0, version=PREPROCESS_VERSION,
                                  intro_steps=INTRO_STEPS, default_encoder="cnn", env="carracing"),
     "udacity": ObservationKind("udacity", UDACITY_RAW_FRAME_SHAPE, UDACITY_FRAME_SHAPE, preprocess_udacity,
-                               encode_udacity, divisor=127.5, offset=-1.0,
+                               encode_udacity, divisor=127.5, offset=-1.0, version=UDACITY_PREPROCESS_VERSION,
                                intro_steps=0, default_encoder="nvidia", env="udacity-style"),
 }
 
