@@ -355,7 +355,7 @@ class SDENetHead(UncertaintyHead):
         h0 = self.encode(tokens, times)
         with torch.no_grad():
             g = self.sigma_max * torch.sigmoid(self.diffusion_logit(h0))
-            h0_perturbed = self.encode(perturbed_tokens, times)
+            h0_perturbed = self.encode(perturbed_tokens, times[:perturbed_tokens.shape[0]])
         mean, log_sigma = self.gaussian(self.integrate(h0, g))
         nll = gaussian_nll(mean, log_sigma, target, self.nll_beta)
         logit_clean = self.diffusion_logit(h0.detach())

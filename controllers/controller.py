@@ -81,7 +81,8 @@ class Controller(nn.Module):
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
                       perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
                       speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Loss terms; ``perturb`` makes the perturbed frames for heads that need them (speeds stay)."""
+        """Loss terms; ``perturb`` makes the perturbed twins of the batch's first sequences for heads that
+        need them (all of them, or fewer: :func:`nsacdrive.controllers.ood_proxies.make_perturbation`; speeds stay)."""
         if target.dim() != 2:
             check_targets(torch.empty(target.shape[0], 3), target)
         tokens = self.tokens(frames, speed)
@@ -91,7 +92,8 @@ class Controller(nn.Module):
             if perturb is None:
                 raise ValueError(f"{type(self.head).__name__} needs a perturbation function for training")
             with frozen_batchnorm_statistics(self.encoder):
-                perturbed = self.tokens(perturb(frames), speed)
+                twins = perturb(frames)
+                perturbed = self.tokens(twins, None if speed is None else speed[:twins.shape[0]])
         return self.head.training_loss(tokens, times, target, perturbed)
 
     @torch.no_grad()

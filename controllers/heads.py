@@ -116,7 +116,7 @@ class NSACHead(UncertaintyHead):
         if perturbed_tokens is None:
             raise ValueError("NSACHead.training_loss needs perturbed_tokens (the epistemic regulariser)")
         clean = self.draws(tokens, times, self.train_samples)
-        perturbed = self.draws(perturbed_tokens, times, self.train_samples)
+        perturbed = self.draws(perturbed_tokens, times[:perturbed_tokens.shape[0]], self.train_samples)
         terms = self.objective(clean, perturbed, target)
         return {"total": terms.total, "nll": terms.nll, "regulariser": terms.regulariser,
                 "epistemic_id": terms.epistemic_id, "epistemic_ood": terms.epistemic_ood}

@@ -123,7 +123,8 @@ class NSACObjective:
         spread_ood = perturbed.mean.var(0, unbiased=False)
         epistemic_id, epistemic_ood = spread_id.mean(), spread_ood.mean()
         if self.regulariser == "hinge":
-            regulariser = torch.relu(self.margin - (rms_spread(spread_ood) - rms_spread(spread_id))).mean()
+            twins = spread_ood.shape[0]  # the twins are of the batch's first sequences (all of them, or fewer)
+            regulariser = torch.relu(self.margin - (rms_spread(spread_ood) - rms_spread(spread_id[:twins]))).mean()
         else:
             regulariser = torch.log1p(epistemic_id / (epistemic_ood + self.epsilon))
         return NSACLossTerms(nll + self.lambda_reg * regulariser, nll, regulariser, epistemic_id, epistemic_ood)

@@ -53,11 +53,24 @@ def add_noise(frames: torch.Tensor, generator: torch.Generator, mean: float, std
     return frames + mean + std * torch.randn(frames.shape, generator=generator).to(frames)
 
 
-def make_perturbation(kind: str, generator: torch.Generator, noise_mean: float, noise_std: float
+def twin_count(batch: int, fraction: float) -> int:
+    """How many of a batch's sequences get a perturbed twin: round(fraction · batch), at least 1."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"twin fraction must be in (0, 1], got {fraction}")
+    return max(1, round(fraction * batch))
+
+
+def make_perturbation(kind: str, generator: torch.Generator, noise_mean: float, noise_std: float, fraction: float = 1.0
                       ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """frames → their perturbed twins: ``noise`` only, or one of :data:`PROXY_FAMILIES` per sequence."""
+    """frames [B, ...] → perturbed twins of the first :func:`twin_count` sequences (training batches are
+    shuffled, so that is a random subset): ``noise`` only, or one of :data:`PROXY_FAMILIES` per sequence.
+
+    A fraction below 1 makes the regulariser's second encoder pass that much cheaper; heads pair the
+    twins with the first sequences of the clean batch.
+    """
     if kind not in PERTURBATIONS:
         raise ValueError(f"perturbation must be one of {', '.join(PERTURBATIONS)}, got {kind!r}")
+    twin_count(1, fraction)  # checks the fraction now, not at the first batch
 
     def noise(frames: torch.Tensor) -> torch.Tensor:
         return add_noise(frames, generator, noise_mean, noise_std)
@@ -67,4 +80,5 @@ def make_perturbation(kind: str, generator: torch.Generator, noise_mean: float, 
         candidates = torch.stack([shuffle_cells(frames, generator), blend_with_other(frames, generator), noise(frames)])
         return candidates[family, torch.arange(frames.shape[0], device=frames.device)]
 
-    return noise if kind == "noise" else proxies
+    perturb = noise if kind == "noise" else proxies
+    return lambda frames: perturb(frames[:twin_count(frames.shape[0], fraction)])

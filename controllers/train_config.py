@@ -21,6 +21,7 @@ RANGES = {
     **dict.fromkeys(("sequence_length", "frame_stride", "batch_size", "epochs", "max_batches_per_epoch", "min_batches_per_epoch",
                      "max_val_batches", "early_stopping_patience", "cache_episodes"), AT_LEAST_ONE),
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
+    "twin_fraction": Range(0, 1, low_open=True),
     **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),
     "plateau_factor": Range(0, 1, low_open=True, high_open=True),  # ReduceLROnPlateau needs 0 < factor < 1
     "seed": Range(0, 2**63 - 1),  # numpy SeedSequence needs >= 0, torch.manual_seed < 2**64
@@ -55,6 +56,7 @@ class TrainConfig:
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
     perturb_std: float = 0.2  # σ_pert, preprocessed-image units
     perturbation: str = "noise"  # NSAC/SDE-Net's perturbed twins: noise | proxies (controllers/ood_proxies.py)
+    twin_fraction: float = 1.0  # the share of each batch that gets a perturbed twin (its encoder pass costs that much)
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"

@@ -208,7 +208,7 @@ class Trainer:
     # ------------------------------------------------------------------ epochs
     def _perturb(self, generator: torch.Generator):
         cfg = self.config
-        return make_perturbation(cfg.perturbation, generator, cfg.perturb_mean, cfg.perturb_std)
+        return make_perturbation(cfg.perturbation, generator, cfg.perturb_mean, cfg.perturb_std, cfg.twin_fraction)
 
     def _batches(self, dataset: SequenceDataset, epoch: int) -> DataLoader:
         cfg = self.config

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import NSACOutput
 from nsacdrive.controllers.objectives import NSACObjective
-from nsacdrive.controllers.ood_proxies import GRID, PROXY_FAMILIES, blend_with_other, make_perturbation, shuffle_cells
+from nsacdrive.controllers.ood_proxies import GRID, PROXY_FAMILIES, blend_with_other, make_perturbation, shuffle_cells, twin_count
 
 
 def draws(means: list[list[list[float]]], requires_grad: bool = False) -> NSACOutput:
@@ -144,3 +144,53 @@ def test_noise_perturbation_is_the_published_gaussian_and_unknown_kinds_raise():
     assert float(out.mean()) == pytest.approx(0.5, abs=0.01) and float(out.std()) == pytest.approx(0.2, rel=0.02)
     with pytest.raises(ValueError, match="perturbation must be one of noise, proxies"):
         make_perturbation("mixup", torch.Generator(), 0.0, 0.2)
+
+
+# ---------------------------------------------------------------------------------- twin fraction
+
+
+@pytest.mark.parametrize("batch, fraction, expected", [(32, 1.0, 32), (32, 0.25, 8), (32, 0.01, 1), (5, 0.5, 2)])
+def test_twin_count_rounds_the_share_of_the_batch_and_keeps_at_least_one(batch, fraction, expected):
+    assert twin_count(batch, fraction) == expected
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5])
+def test_a_twin_fraction_outside_0_1_raises_when_the_perturbation_is_made(fraction):
+    with pytest.raises(ValueError, match=r"twin fraction must be in \(0, 1\]"):
+        make_perturbation("noise", torch.Generator(), 0.0, 0.2, fraction)
+
+
+def test_fewer_twins_are_the_first_sequences_with_the_same_noise_as_a_full_twin_batch():
+    x = frames(batch=16, length=2, height=8, width=8)
+    full = make_perturbation("noise", torch.Generator().manual_seed(4), 0.0, 0.2)(x)
+    quarter = make_perturbation("noise", torch.Generator().manual_seed(4), 0.0, 0.2, fraction=0.25)(x)
+    assert quarter.shape == (4, *x.shape[1:])
+    assert torch.equal(quarter, full[:4])  # the generator fills the first rows first
+
+
+def test_the_hinge_pairs_fewer_twins_with_the_first_clean_sequences_and_the_nll_keeps_the_whole_batch():
+    generator = torch.Generator().manual_seed(0)
+    clean = NSACOutput(torch.randn(5, 8, 3, generator=generator), 0.1 * torch.randn(5, 8, 3, generator=generator))
+    twins = NSACOutput(torch.randn(5, 3, 3, generator=generator), torch.zeros(5, 3, 3))
+    target = torch.randn(8, 3, generator=generator)
+    objective = NSACObjective(regulariser="hinge", margin=2.0)
+    terms = objective(clean, twins, target)
+    first = objective(NSACOutput(clean.mean[:, :3], clean.log_sigma[:, :3]), twins, target[:3])
+    assert float(terms.regulariser) == pytest.approx(float(first.regulariser), rel=1e-6)
+    assert float(terms.nll) == pytest.approx(float(objective(clean, clean, target).nll), rel=1e-6)
+    assert float(terms.nll) != pytest.approx(float(first.nll), rel=1e-3)
+
+
+@pytest.mark.parametrize("model", ["nsac", "sdenet"])
+def test_heads_train_on_fewer_twins_with_their_speeds_and_times(model):
+    from nsacdrive.controllers.registry import build_controller
+    torch.manual_seed(0)
+    controller = build_controller(ModelConfig(model=model, speed_input=True)).train()
+    batch = 6
+    frames_in = torch.rand(batch, 2, 3, 84, 96)
+    timestamps = torch.tensor([[-0.04, 0.0]]).expand(batch, 2)
+    perturb = make_perturbation("noise", torch.Generator().manual_seed(1), 0.0, 0.2, fraction=0.5)
+    terms = controller.training_loss(frames_in, timestamps, torch.rand(batch, 3), perturb=perturb, speed=torch.rand(batch, 2))
+    terms["total"].backward()
+    assert torch.isfinite(terms["total"])
+    assert all(p.grad is not None for p in controller.encoder.parameters())

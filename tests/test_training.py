@@ -177,6 +177,12 @@ def test_nsac_trains_with_the_hinge_on_held_out_proxies(dataset, tmp_path):
     assert (config.perturbation, config.model.epistemic_regulariser, config.model.epistemic_margin) == ("proxies", "hinge", 0.02)
 
 
+def test_nsac_trains_with_twins_for_part_of_each_batch_and_records_the_share(dataset, tmp_path):
+    state = Trainer(tiny_config(dataset, "nsac", twin_fraction=0.25), tmp_path / "quarter", progress=False).fit()
+    assert np.isfinite(state.best_val)
+    assert load_run(tmp_path / "quarter")[1].twin_fraction == 0.25
+
+
 def test_bad_training_configs_raise(dataset, tmp_path):
     with pytest.raises(ValueError, match="unknown model"):
         ModelConfig(model="transformer")
@@ -184,6 +190,8 @@ def test_bad_training_configs_raise(dataset, tmp_path):
         TrainConfig.from_dict({"data": str(dataset), "learning_rate": 1.0})
     with pytest.raises(ValueError, match="perturbation must be one of noise, proxies"):
         tiny_config(dataset, "nsac", perturbation="cutout")
+    with pytest.raises(ValueError, match=r"twin_fraction.*\(0, 1\]"):
+        tiny_config(dataset, "nsac", twin_fraction=0.0)
     with pytest.raises(ValueError, match="holds no samples"):
         Trainer(tiny_config(dataset, "gmle", val_seeds="7"), tmp_path / "r", progress=False)
 
