@@ -201,12 +201,12 @@ class LevyHead(UncertaintyHead):
     stochastic_prediction = True
 
     def __init__(self, token_dim: int, sequence_length: int, num_heads: int = 4, identity_dim: int = 16,
-                 window: float = 0.5, nll_beta: float = 0.0) -> None:
+                 window: float = 0.5, sharpness: float = 1.0, nll_beta: float = 0.0) -> None:
         super().__init__()
         self.nll_beta = nll_beta
         from nsacdrive.controllers.levy import LevyActionHead, LevyActionHeadConfig, LevyAttentionConfig
 
-        attention = LevyAttentionConfig(embed_dim=token_dim, num_heads=num_heads, identity_dim=identity_dim)
+        attention = LevyAttentionConfig(embed_dim=token_dim, num_heads=num_heads, identity_dim=identity_dim, beta=sharpness)
         self.actions = LevyActionHead(LevyActionHeadConfig(attention=attention, num_actions=N_ACTIONS))
         self.identity = nn.Parameter(0.5 * torch.randn(sequence_length, identity_dim))
         self.log_sigma_weight = nn.Parameter(torch.zeros(N_ACTIONS, token_dim))

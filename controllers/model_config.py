@@ -29,6 +29,7 @@ RANGES = {
                     AT_LEAST_ONE),
     **dict.fromkeys(("bn_std", "lambda_reg", "epistemic_margin", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
     "levy_window": POSITIVE,
+    "levy_sharpness": Range(0, 50, low_open=True),
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
 }
@@ -61,6 +62,7 @@ class ModelConfig:
     sde_sigma_max: float = 0.5  # SDE-Net diffusion scale
     levy_frames: int = 4  # Lévy: frame slots with a learned identity (must equal the sequence length)
     levy_window: float = 0.5  # Lévy: seconds of history mapped onto the index-space time axis [0, 1]
+    levy_sharpness: float = 1.0  # Lévy: the kernel's fixed β in exp(β·cos(q, k)) (docs/levy.md#kernel; the paper's 1, 4, 10)
     pedal_likelihood: str = "gaussian"  # nsac, gmle: gaussian | censored (gas/brake clipped to [0, 1]; controllers/censored.py)
     nll_beta: float = 0.0  # β-NLL: weight each action's likelihood term by its variance^β (0 = plain NLL; objectives.py)
     speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)

@@ -48,7 +48,7 @@ def _nac(config: ModelConfig) -> UncertaintyHead:
 def _levy(config: ModelConfig) -> UncertaintyHead:
     # one learned identity per token slot: frame × the encoder's tokens per frame
     return LevyHead(config.encoder.token_dim, config.levy_frames * config.encoder.tokens_per_frame, window=config.levy_window,
-                    nll_beta=config.nll_beta)
+                    sharpness=config.levy_sharpness, nll_beta=config.nll_beta)
 
 
 MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {

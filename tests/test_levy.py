@@ -732,3 +732,17 @@ def test_log_sigma_read_outs_are_floored_smoothly_so_they_always_have_a_gradient
     torch.testing.assert_close(floored[-1], raw[-1], atol=1e-3, rtol=0)  # ≈ identity well above the floor
     floored.sum().backward()
     assert bool((raw.grad > 0).all())
+
+
+@pytest.mark.parametrize("sharpness", [1.0, 4.0])
+def test_the_model_config_sets_the_kernel_sharpness_and_evidence_stays_in_its_bounds(sharpness):
+    from nsacdrive.controllers.model_config import ModelConfig
+    from nsacdrive.controllers.registry import build_controller
+    torch.manual_seed(0)
+    head = build_controller(ModelConfig(model="levy", levy_sharpness=sharpness)).head
+    assert head.actions.attention.config.beta == sharpness
+    tokens = torch.randn(8, 4, head.log_sigma_weight.shape[1])
+    times = 1.0 + torch.tensor([-0.12, -0.08, -0.04, 0.0]).expand(8, 4)
+    evidence = head.signals(tokens, times)["evidence"]
+    # Λ = τ Σ_i exp(β cos(q, k_i)) over n = 4 keys, τ = 1 (docs/levy.md#kernel)
+    assert torch.all((evidence >= 4 * math.exp(-sharpness) * (1 - 1e-5)) & (evidence <= 4 * math.exp(sharpness) * (1 + 1e-5)))
