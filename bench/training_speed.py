@@ -5,6 +5,9 @@
 * control: latency of ``ControllerAgent``-style prediction for one new frame (preprocess +
   encoder over the T-frame window + head), deterministic (1 draw) vs with uncertainty
   (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
+* NSAC's perturbed twins: samples/s with twins for a share of each batch
+  (``TrainConfig.twin_fraction``) against twins for all of it, steps alternated pair by pair
+  (issue 19's target: NSAC training ≥ 2× at batch 64);
 * memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
@@ -24,32 +27,51 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import PeakRss, median_time
+from bench.common import PeakRss, median_time, paired_median_ratio
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from nsacdrive.envs.observation import preprocess_observation
 
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
+TWIN_FRACTIONS = (0.5, 0.25, 0.125)
+TWIN_TARGET = 2.0
 
 
-def training_speed(model: str, batch: int, repeats: int) -> float:
+def training_step(model: str, batch: int, twin_fraction: float = 1.0):
+    """One optimiser step of ``model`` on a fixed random batch, as a callable."""
     torch.manual_seed(0)
     controller = build_controller(ModelConfig(model=model)).train()
     optimizer = torch.optim.AdamW(controller.parameters(), 1e-3)
     frames = torch.rand(batch, 4, 3, 84, 96)
     timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]]).expand(batch, 4)
     target = torch.rand(batch, 3)
+    perturb = make_perturbation("noise", torch.Generator().manual_seed(0), 0.0, 0.2, twin_fraction)
 
     def step() -> None:
-        loss = controller.training_loss(frames, timestamps, target, perturb=lambda x: x + 0.2 * torch.randn_like(x))["total"]
+        loss = controller.training_loss(frames, timestamps, target, perturb=perturb)["total"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-    return batch / median_time(step, repeats)
+    return step
+
+
+def training_speed(model: str, batch: int, repeats: int) -> float:
+    return batch / median_time(training_step(model, batch), repeats)
+
+
+def twin_speedups(batch: int, repeats: int) -> list[dict[str, float]]:
+    """NSAC samples/s with twins for a share of the batch, each paired step by step with all twins."""
+    rows = []
+    for fraction in TWIN_FRACTIONS:
+        full, part, ratio = paired_median_ratio(training_step("nsac", batch), training_step("nsac", batch, fraction), repeats)
+        rows.append({"twin_fraction": fraction, "all_twins_samples_per_s": batch / full,
+                     "samples_per_s": batch / part, "speedup": 1 / ratio})
+    return rows
 
 
 def control_latency(model: str, repeats: int) -> dict[str, float]:
@@ -99,11 +121,16 @@ def main() -> None:
     print(f"\n{'model':<12}{'train samples/s':>17}{'control ms (det.)':>19}{'control ms (unc.)':>19}{'draws':>7}")
     for r in rows:
         print(f"{r['model']:<12}{r['train_samples_per_s']:>17.0f}{r['deterministic_ms']:>19.2f}{r['uncertainty_ms']:>19.2f}{r['samples']:>7}")
+    twins = twin_speedups(64, repeats + 2)
+    print(f"\nNSAC twins for part of each batch (batch 64, steps alternated with all twins; target ≥ {TWIN_TARGET:.0f}×)")
+    print(f"{'twin_fraction':<15}{'all twins samples/s':>21}{'samples/s':>11}{'speedup':>9}")
+    for r in twins:
+        print(f"{r['twin_fraction']:<15}{r['all_twins_samples_per_s']:>21.0f}{r['samples_per_s']:>11.0f}{r['speedup']:>8.2f}×")
     memory = None if args.quick else demo_training_memory()
     if memory is not None:
         print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
     out = ROOT / "bench" / "results" / ("training_speed-quick.json" if args.quick else "training_speed.json")
-    atomic_write_json(out, {"models": rows, "demo_training_peak_rss_mb": memory})
+    atomic_write_json(out, {"models": rows, "nsac_twins": twins, "demo_training_peak_rss_mb": memory})
     print(f"saved → {out.relative_to(ROOT)}")
 
 
