@@ -53,10 +53,14 @@ def add_noise(frames: torch.Tensor, generator: torch.Generator, mean: float, std
     return frames + mean + std * torch.randn(frames.shape, generator=generator).to(frames)
 
 
-def twin_count(batch: int, fraction: float) -> int:
-    """How many of a batch's sequences get a perturbed twin: round(fraction · batch), at least 1."""
+def check_twin_fraction(fraction: float) -> None:
     if not 0 < fraction <= 1:
         raise ValueError(f"twin fraction must be in (0, 1], got {fraction}")
+
+
+def twin_count(batch: int, fraction: float) -> int:
+    """How many of a batch's sequences get a perturbed twin: round(fraction · batch), at least 1."""
+    check_twin_fraction(fraction)
     return max(1, round(fraction * batch))
 
 
@@ -70,7 +74,7 @@ def make_perturbation(kind: str, generator: torch.Generator, noise_mean: float, 
     """
     if kind not in PERTURBATIONS:
         raise ValueError(f"perturbation must be one of {', '.join(PERTURBATIONS)}, got {kind!r}")
-    twin_count(1, fraction)  # checks the fraction now, not at the first batch
+    check_twin_fraction(fraction)  # now, not at the first batch
 
     def noise(frames: torch.Tensor) -> torch.Tensor:
         return add_noise(frames, generator, noise_mean, noise_std)
