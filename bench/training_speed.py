@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import PeakRss, median_time, paired_median_ratio
-from nsacdrive.common.atomic import atomic_write_json
+from bench.common import PeakRss, median_time, paired_median_ratio, save_results
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -129,9 +128,7 @@ def main() -> None:
     memory = None if args.quick else demo_training_memory()
     if memory is not None:
         print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
-    out = ROOT / "bench" / "results" / ("training_speed-quick.json" if args.quick else "training_speed.json")
-    atomic_write_json(out, {"models": rows, "nsac_twins": twins, "demo_training_peak_rss_mb": memory})
-    print(f"saved → {out.relative_to(ROOT)}")
+    save_results("training_speed", args.quick, {"models": rows, "nsac_twins": twins, "demo_training_peak_rss_mb": memory})
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ from torch.autograd.function import once_differentiable
 
 from nsacdrive.controllers.noise import poisson_on
 
+#: the largest kernel sharpness β: κ = exp(β·cos) must stay finite in float32 and Σκ resolvable
+#: against the reference key's weight 1 (docs/levy.md#kernel: β ∈ {1, 4, 10} is the ablation range)
+MAX_SHARPNESS = 50.0
 _PHI_SWITCH = 40.0  # φ: Poisson-sum branch below, asymptotic series above (docs/levy.md#the-function-phi)
 _PHI_TERMS = 160  # Poisson terms z = 1..160: the tail of Poisson(40) beyond 160 is < 1e-40
 _PHI_ORDER = 12  # asymptotic series Σ_{k≤12} k!/Λ^{k+1}; truncation error < 1e-11 relative at Λ = 40
@@ -283,10 +286,8 @@ class LevyAttentionConfig:
             raise ValueError(f"grid must be two positive cell counts (L_t, L_v), got {self.grid}")
         if len(self.eps) != 2 or min(self.eps) <= 0:
             raise ValueError(f"eps must be two positive standard deviations (eps_t, eps_v), got {self.eps}")
-        # the sampler's κ = exp(β·cos) must stay finite in float32, and Σκ resolvable against the
-        # reference key's weight 1 (docs/levy.md#kernel: β ∈ {1, 4, 10} is the ablation range)
-        if not 0 < self.beta <= 50:
-            raise ValueError(f"beta must lie in (0, 50], got {self.beta}")
+        if not 0 < self.beta <= MAX_SHARPNESS:
+            raise ValueError(f"beta must lie in (0, {MAX_SHARPNESS:g}], got {self.beta}")
         if not self.tau > 0:
             raise ValueError(f"tau must be > 0, got {self.tau}")
         if self.query_chunk < 1:

@@ -18,6 +18,7 @@ from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.censored import PEDAL_LIKELIHOODS
 from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.levy import MAX_SHARPNESS
 from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.controllers.objectives import REGULARISERS
@@ -29,7 +30,7 @@ RANGES = {
                     AT_LEAST_ONE),
     **dict.fromkeys(("bn_std", "lambda_reg", "epistemic_margin", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
     "levy_window": POSITIVE,
-    "levy_sharpness": Range(0, 50, low_open=True),
+    "levy_sharpness": Range(0, MAX_SHARPNESS, low_open=True),
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
 }

@@ -53,14 +53,8 @@ def add_noise(frames: torch.Tensor, generator: torch.Generator, mean: float, std
     return frames + mean + std * torch.randn(frames.shape, generator=generator).to(frames)
 
 
-def check_twin_fraction(fraction: float) -> None:
-    if not 0 < fraction <= 1:
-        raise ValueError(f"twin fraction must be in (0, 1], got {fraction}")
-
-
 def twin_count(batch: int, fraction: float) -> int:
     """How many of a batch's sequences get a perturbed twin: round(fraction · batch), at least 1."""
-    check_twin_fraction(fraction)
     return max(1, round(fraction * batch))
 
 
@@ -74,7 +68,8 @@ def make_perturbation(kind: str, generator: torch.Generator, noise_mean: float, 
     """
     if kind not in PERTURBATIONS:
         raise ValueError(f"perturbation must be one of {', '.join(PERTURBATIONS)}, got {kind!r}")
-    check_twin_fraction(fraction)  # now, not at the first batch
+    if not 0 < fraction <= 1:
+        raise ValueError(f"twin fraction must be in (0, 1], got {fraction}")
 
     def noise(frames: torch.Tensor) -> torch.Tensor:
         return add_noise(frames, generator, noise_mean, noise_std)
