@@ -72,6 +72,8 @@ class PurePursuitExpert:
     agent_id = "pure-pursuit"
     source = "expert"
     needs_pixels = False
+    #: ``act`` is a pure function of the state: it may label states the car never drove (side cameras)
+    memoryless = True
 
     def __init__(self, config: PurePursuitConfig = PurePursuitConfig()) -> None:
         self.cfg = config

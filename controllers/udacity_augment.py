@@ -4,7 +4,9 @@ Each step is applied with probability ``probability`` (0.6), independently, in t
 ONE set of parameters for all T frames of a sequence (a sequence stays one consistent drive):
 
 1. camera: one of the recorded cameras, uniformly (centre, left, right); the side cameras see
-   the road as if the car were off to that side, so the label steers back: left +0.2, right −0.2;
+   the road as if the car were off to that side, so the label steers back: left +0.2, right −0.2,
+   or, where the episode carries that camera's own labels (the front-camera simulator's expert
+   labels the car moved onto each side camera), those labels;
 2. horizontal flip: the steering is negated;
 3. translation by (tx, ty) ~ U(±50) × U(±5) pixels (borders black); steering += 0.002 · tx;
 4. shadow: the pixels on one side of a random line from the top to the bottom edge get their
@@ -80,9 +82,11 @@ def scale_brightness(frames: np.ndarray, factor: float) -> np.ndarray:
 
 
 def augment_sequence(cameras: dict[str, np.ndarray], actions: np.ndarray, rng: np.random.Generator,
-                     config: UdacityAugmentConfig) -> tuple[np.ndarray, np.ndarray]:
+                     config: UdacityAugmentConfig, camera_actions: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One augmented sequence: ``cameras`` maps recorded camera names (``center`` always; ``left``,
     ``right`` when recorded) to raw frames (T, 160, 320, 3); ``actions`` (T, 3) are the labels.
+    ``camera_actions`` (side camera → its own labels (T, 3), e.g. the privileged expert's for the
+    car moved onto that camera) replace ``actions`` and the fixed correction when that camera is drawn.
     Returns new frames (T, 160, 320, 3) uint8 and labels (T, 3) float32."""
     if "center" not in cameras:
         raise ValueError(f"augment_sequence needs the center camera, got {sorted(cameras)}")
@@ -94,7 +98,12 @@ def augment_sequence(cameras: dict[str, np.ndarray], actions: np.ndarray, rng: n
     if rng.random() < p:
         names = [name for name in CAMERA_STEER_OFFSETS if name in cameras]
         camera = names[int(rng.integers(len(names)))]
-        frames, steer = cameras[camera], steer + CAMERA_STEER_OFFSETS[camera] * config.camera_offset
+        frames = cameras[camera]
+        if camera_actions and camera in camera_actions:
+            actions = camera_actions[camera]
+            steer = actions[:, 0].astype(np.float64)
+        else:
+            steer = steer + CAMERA_STEER_OFFSETS[camera] * config.camera_offset
     if rng.random() < p:
         frames, steer = frames[:, :, ::-1], -steer
     if rng.random() < p:

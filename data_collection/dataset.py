@@ -30,16 +30,16 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from nsacdrive.common.seeds import format_seeds, parse_seeds
-from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
+from nsacdrive.data_collection.episode import CAMERA_ARRAYS, CAMERA_LABEL_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.frame_store import FrameStore
 from nsacdrive.data_collection.manifest import sidecar_paths
@@ -49,7 +49,12 @@ from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, ObservationKind
 
 UDACITY_PREFIX = "udacity:"
 #: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
-SequenceAugment = Callable[[dict[str, np.ndarray], np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+class SequenceAugment(Protocol):
+    """Augments one sample: raw frames per camera, the labels (T, 3), a seeded generator, and the
+    side cameras' own labels where the episode has them → new frames and labels."""
+
+    def __call__(self, cameras: dict[str, np.ndarray], actions: np.ndarray, rng: np.random.Generator, *,
+                 camera_actions: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class EpisodeRecord:
     actions: np.ndarray  # labels used as targets: the expert's action at each step
     executed_actions: np.ndarray
     speed: np.ndarray  # measured forward speed at every frame (n_steps + 1)
+    #: side camera → the expert's labels for its frames, where the episode has them
+    camera_actions: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_steps(self) -> int:
@@ -151,7 +158,8 @@ def load_episode_records(root: str | Path | Sequence[str | Path], seeds: Iterabl
                 continue
             if presets is not None and sidecar["colour_preset"] not in presets:
                 continue
-            records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"]))
+            camera_actions = {camera: arrays[name] for camera, name in CAMERA_LABEL_ARRAYS.items() if name in arrays}
+            records.append(EpisodeRecord(path, sidecar, arrays["expert_actions"], arrays["actions"], arrays["speed"], camera_actions))
         _warn_about_orphans(folder, claimed)
     return records
 
@@ -350,13 +358,14 @@ class SequenceDataset(Dataset):
     def _raw_sample(self, item: int, episode: int, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw frames and labels of one sample, augmented (seeded by the epoch and the item) and
         corrupted (each frame by its track seed and step: overlapping sequences agree)."""
-        cameras = self._frames(episode)
-        labels = self.episodes[episode].actions[steps]
+        cameras, record = self._frames(episode), self.episodes[episode]
+        labels = record.actions[steps]
         if self.augment is None:
             frames = cameras["center"][steps]
         else:
             rng = np.random.default_rng([self.augment_seed, item])
-            frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng)
+            frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng,
+                                          camera_actions={camera: side[steps] for camera, side in record.camera_actions.items()})
         if self.corruption is not None:
             seed = int(self.episodes[episode].sidecar["track_seed"])
             frames = np.stack([self.corruption(frame, seed, int(s)) for frame, s in zip(frames, steps, strict=True)])

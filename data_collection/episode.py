@@ -25,7 +25,10 @@ Frame kinds (format version 1, extended compatibly): the sidecar field ``frame_k
 raw frames, ``carracing`` (96×96×3, the table above) or ``udacity`` (160×320×3 simulator camera
 frames, :mod:`nsacdrive.envs.observation_kinds`); a sidecar without it is ``carracing``, so every older
 file reads as before. Two OPTIONAL arrays, shaped and typed like ``observations``, may follow:
-``left_observations`` and ``right_observations`` (the side cameras of a Udacity recording).
+``left_observations`` and ``right_observations`` (the side cameras of a Udacity recording), and
+with them ``left_expert_actions`` and ``right_expert_actions`` (float32, (T, 3)): a memoryless
+expert's label for the car moved onto that camera's position (``side_offset`` in the sidecar),
+which training uses for that camera's frames instead of a fixed steering correction.
 
 Imported recordings (source ``udacity-import``, :mod:`nsacdrive.data_collection.udacity_import`) have no
 privileged simulator state: ``pose``, ``lateral_error``, ``heading_error``, ``progress`` and
@@ -74,10 +77,14 @@ EPISODE_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
 OPTIONAL_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
     "left_observations": EPISODE_ARRAYS["observations"],
     "right_observations": EPISODE_ARRAYS["observations"],
+    "left_expert_actions": EPISODE_ARRAYS["expert_actions"],
+    "right_expert_actions": EPISODE_ARRAYS["expert_actions"],
 }
-OBSERVATION_ARRAYS = ("observations", *OPTIONAL_ARRAYS)
+OBSERVATION_ARRAYS = ("observations", "left_observations", "right_observations")
 #: camera name → the array holding its frames
 CAMERA_ARRAYS = {"center": "observations", "left": "left_observations", "right": "right_observations"}
+#: side camera name → the array holding the expert's labels seen from it (optional)
+CAMERA_LABEL_ARRAYS = {"left": "left_expert_actions", "right": "right_expert_actions"}
 SMALL_ARRAYS = tuple(name for name in EPISODE_ARRAYS if name != "observations")
 SIDECAR_FIELDS = ("format_version", "episode_id", "file", "n_steps", "track_seed", "colour_preset",
                   "colour_scheme", "source", "agent", "sha256", "file_size")
@@ -250,8 +257,10 @@ def load_episode_arrays(sidecar_path: Path, include_observations: bool = True,
     with _open_archive(data_path, sidecar) as archive:
         arrays = {name: _read_member(archive, name, data_path) for name in SMALL_ARRAYS}
         members = set(archive.namelist())
-        frames = ["observations", *(name for name in OPTIONAL_ARRAYS if f"{name}.npy" in members)]
-        decode = {"observations", *(OPTIONAL_ARRAYS if side_cameras else ())} if include_observations else set()
+        frames = ["observations", *(name for name in OBSERVATION_ARRAYS[1:] if f"{name}.npy" in members)]
+        side_labels = [name for name in CAMERA_LABEL_ARRAYS.values() if f"{name}.npy" in members]
+        arrays |= {name: _read_member(archive, name, data_path) for name in side_labels}
+        decode = {"observations", *(OBSERVATION_ARRAYS if side_cameras else ())} if include_observations else set()
         frame_headers = {}
         for name in frames:
             if name in decode:
@@ -263,9 +272,9 @@ def load_episode_arrays(sidecar_path: Path, include_observations: bool = True,
         raise EpisodeFileError(f"{data_path}: {len(arrays['actions'])} actions but the sidecar says n_steps={n_steps}")
     for name, (shape, dtype) in frame_headers.items():
         check_array(name, dtype, shape, n_steps, data_path, frame_kind)
-    for name in SMALL_ARRAYS:
+    for name in [*SMALL_ARRAYS, *side_labels]:
         check_array(name, arrays[name].dtype, arrays[name].shape, n_steps, data_path)
-    for name in ("actions", "expert_actions"):
+    for name in ("actions", "expert_actions", *side_labels):
         bad = ~np.isfinite(arrays[name])
         if bad.any():
             step = int(np.argwhere(bad)[0][0])

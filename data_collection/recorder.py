@@ -24,16 +24,16 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 
-from nsacdrive.agents.base import seed_agent
+from nsacdrive.agents.base import Agent, seed_agent
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
-from nsacdrive.common.config_checks import AT_LEAST_ONE, check_fields
+from nsacdrive.common.config_checks import AT_LEAST_ONE, POSITIVE, check_fields
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
-from nsacdrive.data_collection.episode import EpisodeFileError, EpisodePaths, read_sidecar, write_episode
+from nsacdrive.data_collection.episode import CAMERA_LABEL_ARRAYS, EpisodeFileError, EpisodePaths, read_sidecar, write_episode
 from nsacdrive.data_collection.manifest import write_manifest
 from nsacdrive.data_collection.udacity_layout import (
     prepare_udacity_folder,
@@ -45,11 +45,12 @@ from nsacdrive.data_collection.udacity_layout import (
 from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.observation import PREPROCESS_VERSION
-from nsacdrive.envs.state import STATE_FIELDS
+from nsacdrive.envs.front_camera import CameraConfig
+from nsacdrive.envs.state import STATE_FIELDS, shifted_sideways
 from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
 from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
 from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
-from nsacdrive.envs.udacity_style import SideCameraLog, UdacityStyleCarRacing, make_udacity_style
+from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
@@ -94,12 +95,14 @@ def recording_renderer(env: str, layout: str, renderer: str | None, where: str,
 
 
 def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: str,
-                       render_mode: str | None = None) -> gymnasium.Env:
+                       render_mode: str | None = None, side_offset: float = 1.0) -> gymnasium.Env:
     """The env a recording drives: ``udacity-style`` records its side cameras too (in a
-    :class:`SideCameraLog`); ``carracing`` draws its frames with ``renderer``. ``render_mode``: gymnasium's."""
+    :class:`SideCameraLog`, ``side_offset`` units to either side); ``carracing`` draws its frames
+    with ``renderer``. ``render_mode``: gymnasium's."""
     if env == "udacity-style":
         return SideCameraLog(make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_steps,
-                                                side_cameras=True, render_mode=render_mode))
+                                                side_cameras=True, render_mode=render_mode,
+                                                camera=CameraConfig(side_offset=side_offset)))
     return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_steps, renderer=renderer,
                            render_mode=render_mode)
 
@@ -182,6 +185,7 @@ class EpisodeJob:
     renderer: str = DEFAULT_RENDERER
     mixing: MixingConfig | None = None
     env: str = "carracing"
+    side_offset: float = 1.0  # ``udacity-style``: the side cameras' lateral offset (world units)
     #: how to build the agents the specs name (not part of the episode: the specs are)
     agent_kinds: AgentKinds = field(default=AGENT_KINDS, compare=False, repr=False)
 
@@ -190,12 +194,13 @@ class EpisodeJob:
         noise = f"_noise{self.noise.sigma:g}-{self.noise.seed}" if self.noise.sigma > 0 else ""
         mixing = f"_{self.mixing.source}" if self.mixing is not None else ""
         env = f"_{self.env}" if self.env != "carracing" else ""
+        env += f"-side{self.side_offset:g}" if self.side_offset != 1.0 else ""
         agent = self.agent.replace(":", "-").replace("/", "-")
         return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}{env}"
 
     def make_env(self) -> gymnasium.Env:
         """The env this job drives (a ``udacity-style`` env records its side cameras too)."""
-        return make_recording_env(self.env, self.colour_preset, self.max_steps, self.renderer)
+        return make_recording_env(self.env, self.colour_preset, self.max_steps, self.renderer, side_offset=self.side_offset)
 
 
 def episode_from_steps(
@@ -280,13 +285,29 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     steps = list(drive(env, agent, job.track_seed, job.noise.sigma, rng, learner, beta))
     env.close()
     side_frames = env.frames if isinstance(env, SideCameraLog) else None
-    return episode_from_steps(
+    arrays, metadata = episode_from_steps(
         steps, env,
         source=job.mixing.source if job.mixing is not None else agent.source,
         agent_config=agent.config(), agent_spec=job.agent, track_seed=job.track_seed,
         colour_preset=job.colour_preset, renderer=job.renderer, max_steps=job.max_steps,
         noise=job.noise, mixing=job.mixing, side_frames=side_frames,
     )
+    if side_frames is not None:
+        metadata["side_offset"] = job.side_offset
+        if getattr(agent, "memoryless", False):
+            arrays |= side_camera_labels(agent, steps, job.side_offset)
+    return arrays, metadata
+
+
+def side_camera_labels(agent: Agent, steps: list[Step], side_offset: float) -> dict[str, np.ndarray]:
+    """``<camera>_expert_actions``: what the memoryless ``agent`` does at every step with the car
+    moved onto each side camera's position — the exact recovery label for that camera's frames."""
+    return {
+        CAMERA_LABEL_ARRAYS[name]: np.stack([
+            agent.act(step.observation, shifted_sideways(step.state, CAMERAS[name] * side_offset)) for step in steps
+        ]).astype(np.float32)
+        for name in SIDE_CAMERAS
+    }
 
 
 def record_episode(job: EpisodeJob, out_dir: str, layout: str = "episodes") -> dict[str, Any]:
@@ -340,6 +361,8 @@ class CollectConfig:
     :param env: one of :data:`ENVS` (see the module docstring)
     :param layout: one of :data:`LAYOUTS` (``udacity`` needs ``env="udacity-style"``)
     :param workers: worker processes
+    :param side_offset: ``udacity-style``: how far (world units) the side cameras sit to either side;
+        with a memoryless expert each side camera gets its own labels (:func:`side_camera_labels`)
     """
 
     agent: str
@@ -352,13 +375,16 @@ class CollectConfig:
     env: str = "carracing"
     layout: str = "episodes"
     workers: int = 1
+    side_offset: float = 1.0
 
     #: the settings every episode of one folder shares: they shape an episode without naming it
     #: (agent, seed, preset, noise and env are part of each episode id)
     FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
 
     def __post_init__(self) -> None:
-        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE})
+        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE, "side_offset": POSITIVE})
+        if self.side_offset != 1.0 and self.env != "udacity-style":
+            raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")
@@ -369,7 +395,8 @@ class CollectConfig:
 
     def jobs(self, agent_kinds: AgentKinds = AGENT_KINDS) -> list[EpisodeJob]:
         """One job per (preset, seed), preset-major; ``agent_kinds`` builds the agents in the workers."""
-        return [EpisodeJob(self.agent, seed, preset, self.noise, self.max_steps, self.renderer, self.mixing, self.env, agent_kinds)
+        return [EpisodeJob(self.agent, seed, preset, self.noise, self.max_steps, self.renderer, self.mixing, self.env,
+                           side_offset=self.side_offset, agent_kinds=agent_kinds)
                 for preset in self.colour_presets for seed in self.seeds]
 
 

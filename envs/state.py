@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -118,7 +118,11 @@ def privileged_state(env) -> PrivilegedState:
     geometry: TrackGeometry | None = getattr(base, "geometry", None)
     if geometry is None or base.car is None:
         raise RuntimeError("privileged_state needs an NsacCarRacing env that has been reset")
-    pose = car_pose(base.car)
+    return state_at(car_pose(base.car), geometry)
+
+
+def state_at(pose: CarPose, geometry: TrackGeometry) -> PrivilegedState:
+    """The privileged state of a car with ``pose`` on the track ``geometry``."""
     projection = geometry.project(pose.position)
     return PrivilegedState(
         pose=pose,
@@ -127,3 +131,12 @@ def privileged_state(env) -> PrivilegedState:
         curvature_ahead=geometry.curvature_ahead(projection.progress, CURVATURE_LOOKAHEAD),
         geometry=geometry,
     )
+
+
+def shifted_sideways(state: PrivilegedState, offset: float) -> PrivilegedState:
+    """The same car moved ``offset`` units to its right (negative: left), heading and speeds kept:
+    the state a side camera sees the road from, which a memoryless expert can label."""
+    pose = state.pose
+    right = np.array([np.cos(pose.angle), np.sin(pose.angle)])  # the env's convention: forward = (−sin, cos)
+    x, y = pose.position + offset * right
+    return state_at(replace(pose, x=float(x), y=float(y)), state.geometry)

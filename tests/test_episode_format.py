@@ -205,6 +205,22 @@ def test_loader_rejects_infinite_expert_labels(tmp_path):
         load_episode_arrays(tmp_path / "inf_ep.json", include_observations=False)
 
 
+def test_side_camera_labels_round_trip_and_are_validated_like_the_labels(tmp_path):
+    arrays = synthetic_arrays(N)
+    arrays["left_expert_actions"] = arrays["expert_actions"] + np.float32(0.1)
+    write_episode(tmp_path, "side", arrays, synthetic_metadata(arrays, 0))
+    _, loaded = load_episode_arrays(tmp_path / "side.json", include_observations=False)
+    np.testing.assert_array_equal(loaded["left_expert_actions"], arrays["left_expert_actions"])
+    assert "right_expert_actions" not in loaded
+    short = {**arrays, "right_expert_actions": arrays["expert_actions"][:-1]}
+    with pytest.raises(EpisodeFileError, match=r"array 'right_expert_actions' has shape"):
+        write_episode(tmp_path, "short", short, synthetic_metadata(arrays, 0))
+    arrays["left_expert_actions"][5, 0] = np.nan
+    write_episode(tmp_path, "nan_side", arrays, synthetic_metadata(arrays, 0))
+    with pytest.raises(EpisodeFileError, match=r"nan_side\.npz: array 'left_expert_actions' holds NaN/inf \(first at step 5\)"):
+        load_episode_arrays(tmp_path / "nan_side.json", include_observations=False)
+
+
 # --------------------------------------------------------------------------- corrupt files
 
 

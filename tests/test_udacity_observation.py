@@ -162,6 +162,36 @@ def test_camera_choice_shifts_steering(camera, index, offset):
     np.testing.assert_array_equal(labels[:, 1:], ACTIONS[:, 1:])  # throttle and brake never change
 
 
+SIDE_ACTIONS = {"left": np.array([[0.4, 0.3, 0.0], [0.2, 0.6, 0.0]], dtype=np.float32),
+                "right": np.array([[-0.5, 0.2, 0.1], [-0.6, 0.1, 0.3]], dtype=np.float32)}
+
+
+@pytest.mark.parametrize("camera, index", [("left", 1), ("right", 2)])
+def test_a_side_camera_with_its_own_labels_takes_them_whole(camera, index):
+    cams = cameras()
+    frames, labels = augment_sequence(cams, ACTIONS, config=CONFIG, camera_actions=SIDE_ACTIONS,
+                                      rng=ScriptedRng((True, False, False, False, False), camera=index))
+    np.testing.assert_array_equal(frames, cams[camera])
+    np.testing.assert_array_equal(labels, SIDE_ACTIONS[camera])  # steering and pedals, no fixed offset
+
+
+def test_side_camera_labels_follow_the_flip_and_leave_the_centre_alone():
+    cams = cameras()
+    _, flipped = augment_sequence(cams, ACTIONS, config=CONFIG, camera_actions=SIDE_ACTIONS,
+                                  rng=ScriptedRng((True, True, False, False, False), camera=1))
+    np.testing.assert_array_equal(flipped[:, 0], -SIDE_ACTIONS["left"][:, 0])
+    np.testing.assert_array_equal(flipped[:, 1:], SIDE_ACTIONS["left"][:, 1:])
+    _, centre = augment_sequence(cams, ACTIONS, config=CONFIG, camera_actions=SIDE_ACTIONS,
+                                 rng=ScriptedRng((True, False, False, False, False), camera=0))
+    np.testing.assert_array_equal(centre, ACTIONS)
+
+
+def test_a_side_camera_without_its_own_labels_keeps_the_fixed_correction():
+    _, labels = augment_sequence(cameras(), ACTIONS, config=CONFIG, camera_actions={"left": SIDE_ACTIONS["left"]},
+                                 rng=ScriptedRng((True, False, False, False, False), camera=2))
+    np.testing.assert_allclose(labels[:, 0], ACTIONS[:, 0] - 0.2, atol=1e-7)
+
+
 def test_camera_choice_without_side_cameras_keeps_the_centre():
     cams = {"center": cameras()["center"]}
     frames, labels = augment_sequence(cams, ACTIONS, config=CONFIG, rng=ScriptedRng((True, False, False, False, False), camera=0))

@@ -19,6 +19,7 @@ import nsacdrive.envs as envs
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.cli import app
+from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
@@ -26,7 +27,7 @@ from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_
 from nsacdrive.envs.colours import DEFAULT_SCHEME, resolve_colour_scheme
 from nsacdrive.envs.front_camera import SKY_TOP, CameraConfig, FrontCameraPalette, _clip_near
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
-from nsacdrive.envs.state import privileged_state
+from nsacdrive.envs.state import privileged_state, shifted_sideways
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
 from nsacdrive.envs.udacity_style import ENV_ID, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 
@@ -279,9 +280,56 @@ def test_udacity_layout_resumes_and_is_deterministic(recordings, tmp_path):
     assert relocated == (folder / "driving_log.csv").read_text()
 
 
+def test_a_state_shifted_sideways_moves_across_the_road_and_keeps_the_rest(reset_frames):
+    env = reset_frames[0]
+    state = privileged_state(env)  # right after reset: on the centreline, along the track
+    for offset in (-2.0, 0.5, 2.0):
+        moved = shifted_sideways(state, offset)
+        assert np.hypot(*(moved.pose.position - state.pose.position)) == pytest.approx(abs(offset), abs=1e-9)
+        assert moved.lateral_error - state.lateral_error == pytest.approx(offset, abs=0.01)  # + = right of the centreline
+        assert (moved.pose.angle, moved.pose.forward_speed) == (state.pose.angle, state.pose.forward_speed)
+        assert moved.heading_error == pytest.approx(state.heading_error, abs=1e-9)  # same segment direction
+
+
+def _side_labels(folder: Path, episode: str) -> tuple[dict, dict[str, np.ndarray]]:
+    sidecar, arrays = load_episode_arrays(folder / f"{episode}.json", include_observations=False)
+    return sidecar, {name: arrays[f"{name}_actions"] for name in ("expert", "left_expert", "right_expert")}
+
+
+def test_the_expert_labels_each_side_camera_as_a_recovery(recordings, tmp_path):
+    sidecar, labels = _side_labels(recordings[0], EPISODE)
+    assert sidecar["side_offset"] == 1.0
+    steer = {name: actions[:, 0] for name, actions in labels.items()}
+    free = np.abs(steer["expert"]) < 0.8  # not clipped at the steering limit
+    assert free.sum() > STEPS // 2
+    # from the left camera's position the road lies to the right: steer further right (+), and left from the right camera
+    assert (steer["left_expert"][free] > steer["expert"][free]).all() and (steer["right_expert"][free] < steer["expert"][free]).all()
+    collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", side_offset=2.0), tmp_path, progress=False)
+    wide_sidecar, wide = _side_labels(tmp_path, f"{EPISODE}-side2")
+    assert wide_sidecar["side_offset"] == 2.0
+    np.testing.assert_array_equal(wide["expert"], labels["expert"])  # the same drive, cameras further out
+    gap, wide_gap = (lab["left_expert"][:, 0] - lab["right_expert"][:, 0] for lab in (labels, wide))
+    assert (wide_gap[free] > gap[free]).all()
+
+
+def test_training_samples_from_a_side_camera_carry_its_own_labels(recordings):
+    def left_camera(cameras, actions, rng, *, camera_actions):
+        return cameras["left"], camera_actions["left"]
+
+    dataset = SequenceDataset(recordings[0], [SEED], sequence_length=3, observation="udacity", augment=left_camera)
+    _, labels = _side_labels(recordings[0], EPISODE)
+    for item in (0, len(dataset) - 1):
+        sample = dataset[item]
+        step = int(sample["step"])
+        np.testing.assert_array_equal(sample["action"].numpy(), labels["left_expert"][step])
+        np.testing.assert_array_equal(sample["action_sequence"].numpy(), labels["left_expert"][step - 2:step + 1])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
+        ({"side_offset": 2.0}, "side_offset applies to env 'udacity-style'"),
+        ({"env": "udacity-style", "side_offset": 0.0}, "side_offset"),
         ({"layout": "udacity"}, "layout 'udacity' needs env 'udacity-style'"),
         ({"env": "udacity-style", "renderer": "stock"}, "draws its own front camera"),
         ({"env": "carla"}, "env: expected one of carracing, udacity-style"),
