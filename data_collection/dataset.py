@@ -39,7 +39,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from nsacdrive.common.seeds import format_seeds, parse_seeds
-from nsacdrive.data_collection.episode import CAMERA_ARRAYS, CAMERA_LABEL_ARRAYS, EpisodeFileError, frame_kind_of, load_episode_arrays
+from nsacdrive.data_collection.episode import (
+    CAMERA_ARRAYS,
+    CAMERA_LABEL_ARRAYS,
+    EpisodeFileError,
+    frame_kind_of,
+    load_episode_arrays,
+)
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.frame_store import FrameStore
 from nsacdrive.data_collection.manifest import sidecar_paths

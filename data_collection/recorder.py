@@ -44,13 +44,13 @@ from nsacdrive.data_collection.udacity_layout import (
 )
 from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
 from nsacdrive.envs.colours import validate_preset
-from nsacdrive.envs.observation import PREPROCESS_VERSION
 from nsacdrive.envs.front_camera import CameraConfig
+from nsacdrive.envs.observation import PREPROCESS_VERSION
 from nsacdrive.envs.state import STATE_FIELDS, shifted_sideways
 from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
+from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
 from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
-from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
