@@ -8,6 +8,7 @@ import json
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,3 +180,17 @@ def test_the_checker_refuses_ranges_for_fields_the_config_does_not_have():
         check_fields(AugmentConfig(), "augment", {"epoch": Range(1)})
     with pytest.raises(ValueError, match="augment must be an object of AugmentConfig fields"):
         config_from_dict(AugmentConfig, [1], "augment")
+
+
+SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=[p.name for p in SHIPPED_CONFIGS])
+def test_every_shipped_recipe_is_a_valid_training_config(path):
+    settings = json.loads(path.read_text())
+    config = TrainConfig.from_dict({"data": "data/any", **settings})
+    model = settings.get("model", {})
+    assert (config.model.model, config.epochs, config.lr) == (model.get("model", "nsac"), settings["epochs"], settings["lr"])
+    for name, value in model.items():
+        if not isinstance(value, dict):
+            assert getattr(config.model, name) == value, name
