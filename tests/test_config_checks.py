@@ -53,7 +53,7 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
                            "steer_per_pixel": -0.002, "shadow_lightness": (-0.2, 0.5), "brightness": (-0.8, 1.2)},
     NSACConfig: {"input_dim": 0, "topk": 0, "output_dim": 0, "bn_std": -1.0, "sparsity": 1.5, "wiring_seed": -1, "tau_epsilon": 0.0, "dropout": 1.0},
     NACConfig: {"input_dim": 0, "topk": 0, "sparsity": -0.5, "wiring_seed": -1, "tau_epsilon": -1e-6, "dropout": -0.1},
-    CollectConfig: {"max_steps": 0, "workers": 0},
+    CollectConfig: {"max_steps": 0, "workers": 0, "side_offset": 0.0},
     HumanDriveConfig: {"seed": -1, "slow_motion": 0.5, "max_steps": 0, "max_episodes": 0, "window_scale": 0},
 }
 #: numeric fields without a range (any finite value is meaningful)
