@@ -54,10 +54,11 @@ from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEP
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, ObservationKind, observation_kind
 
 UDACITY_PREFIX = "udacity:"
-#: (raw frames per camera [T, H, W, 3], labels [T, 3], generator) → (frames [T, H, W, 3], labels [T, 3])
+
+
 class SequenceAugment(Protocol):
-    """Augments one sample: raw frames per camera, the labels (T, 3), a seeded generator, and the
-    side cameras' own labels where the episode has them → new frames and labels."""
+    """Augments one sample: raw frames per camera [T, H, W, 3], the labels [T, 3], a seeded
+    generator, and the side cameras' own labels where the episode has them → new frames and labels."""
 
     def __call__(self, cameras: dict[str, np.ndarray], actions: np.ndarray, rng: np.random.Generator, *,
                  camera_actions: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]: ...

@@ -111,7 +111,6 @@ SETTING_FLAGS = {
     "drive.renderer": "--renderer", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
     "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
     "drive.fallback_steps": "--fallback-seconds", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
-    "side_offset": "--side-offset",
     "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
@@ -165,7 +164,7 @@ def collect(
     renderer: Optional[Renderer] = typer.Option(None, "--renderer", help="CarRacing frame renderer: fast (default) or stock (gymnasium's)."),
     env: EnvName = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
     layout: Layout = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
-    side_offset: float = typer.Option(1.0, "--side-offset", help="--env udacity-style: the side cameras' distance to either side (world units; the car is 2.4 wide, the road ~13). The expert also labels each side camera's frames as if the car stood there."),
+    side_offset: float = typer.Option(1.0, "--side-offset", help="--env udacity-style: the side cameras' distance to either side (world units; the car is 2.4 wide, the road ~13). With --layout episodes the expert also labels each side camera's frames as if the car stood there."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     check_output_folder(out)
