@@ -102,7 +102,7 @@ class PurePursuitExpert:
         speed = max(pose.forward_speed, 0.0)
         lookahead = cfg.lookahead_base + cfg.lookahead_per_speed * speed + cfg.lookahead_per_lateral * abs(state.lateral_error)
         delta = state.geometry.point_at(state.progress + lookahead) - pose.position
-        right = np.array([np.cos(pose.angle), np.sin(pose.angle)])
+        right = pose.right
         forward = np.array([-np.sin(pose.angle), np.cos(pose.angle)])
         command = cfg.steer_gain * np.arctan2(delta @ right, delta @ forward)  # > 0: the target lies to the right
         return float(np.tanh(command) if cfg.soft_steer else np.clip(command, -1.0, 1.0))

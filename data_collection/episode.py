@@ -74,17 +74,15 @@ EPISODE_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
     "state": (np.dtype(np.float32), ("T+1", None)),
 }
 #: arrays an episode MAY carry, validated like ``observations`` when present (in this order after the others)
-OPTIONAL_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
-    "left_observations": EPISODE_ARRAYS["observations"],
-    "right_observations": EPISODE_ARRAYS["observations"],
-    "left_expert_actions": EPISODE_ARRAYS["expert_actions"],
-    "right_expert_actions": EPISODE_ARRAYS["expert_actions"],
-}
-OBSERVATION_ARRAYS = ("observations", "left_observations", "right_observations")
 #: camera name → the array holding its frames
 CAMERA_ARRAYS = {"center": "observations", "left": "left_observations", "right": "right_observations"}
 #: side camera name → the array holding the expert's labels seen from it (optional)
 CAMERA_LABEL_ARRAYS = {"left": "left_expert_actions", "right": "right_expert_actions"}
+OBSERVATION_ARRAYS = tuple(CAMERA_ARRAYS.values())
+OPTIONAL_ARRAYS: dict[str, tuple[np.dtype, tuple[object, ...]]] = {
+    **{name: EPISODE_ARRAYS["observations"] for name in OBSERVATION_ARRAYS[1:]},
+    **{name: EPISODE_ARRAYS["expert_actions"] for name in CAMERA_LABEL_ARRAYS.values()},
+}
 SMALL_ARRAYS = tuple(name for name in EPISODE_ARRAYS if name != "observations")
 SIDECAR_FIELDS = ("format_version", "episode_id", "file", "n_steps", "track_seed", "colour_preset",
                   "colour_scheme", "source", "agent", "sha256", "file_size")

@@ -55,6 +55,8 @@ from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
 #: The fast renderer matches stock frames to < 1/255 mean absolute difference (bench/renderer.py)
 #: at several times the throughput, so recordings use it unless told otherwise.
 DEFAULT_RENDERER = "fast"
+#: the side cameras' lateral offset unless told otherwise: the front camera's (the Udacity simulator's)
+DEFAULT_SIDE_OFFSET = CameraConfig().side_offset
 ENVS = ("carracing", "udacity-style")
 LAYOUTS = ("episodes", "udacity")
 
@@ -95,7 +97,7 @@ def recording_renderer(env: str, layout: str, renderer: str | None, where: str,
 
 
 def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: str,
-                       render_mode: str | None = None, side_offset: float = 1.0) -> gymnasium.Env:
+                       render_mode: str | None = None, side_offset: float = DEFAULT_SIDE_OFFSET) -> gymnasium.Env:
     """The env a recording drives: ``udacity-style`` records its side cameras too (in a
     :class:`SideCameraLog`, ``side_offset`` units to either side); ``carracing`` draws its frames
     with ``renderer``. ``render_mode``: gymnasium's."""
@@ -185,7 +187,7 @@ class EpisodeJob:
     renderer: str = DEFAULT_RENDERER
     mixing: MixingConfig | None = None
     env: str = "carracing"
-    side_offset: float = 1.0  # ``udacity-style``: the side cameras' lateral offset (world units)
+    side_offset: float = DEFAULT_SIDE_OFFSET  # ``udacity-style``: the side cameras' lateral offset (world units)
     #: how to build the agents the specs name (not part of the episode: the specs are)
     agent_kinds: AgentKinds = field(default=AGENT_KINDS, compare=False, repr=False)
 
@@ -194,7 +196,7 @@ class EpisodeJob:
         noise = f"_noise{self.noise.sigma:g}-{self.noise.seed}" if self.noise.sigma > 0 else ""
         mixing = f"_{self.mixing.source}" if self.mixing is not None else ""
         env = f"_{self.env}" if self.env != "carracing" else ""
-        env += f"-side{self.side_offset:g}" if self.side_offset != 1.0 else ""
+        env += f"-side{self.side_offset:g}" if self.side_offset != DEFAULT_SIDE_OFFSET else ""
         agent = self.agent.replace(":", "-").replace("/", "-")
         return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}{env}"
 
@@ -375,7 +377,7 @@ class CollectConfig:
     env: str = "carracing"
     layout: str = "episodes"
     workers: int = 1
-    side_offset: float = 1.0
+    side_offset: float = DEFAULT_SIDE_OFFSET
 
     #: the settings every episode of one folder shares: they shape an episode without naming it
     #: (agent, seed, preset, noise and env are part of each episode id)
@@ -383,7 +385,7 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE, "side_offset": POSITIVE})
-        if self.side_offset != 1.0 and self.env != "udacity-style":
+        if self.side_offset != DEFAULT_SIDE_OFFSET and self.env != "udacity-style":
             raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:

@@ -47,6 +47,11 @@ class CarPose:
     def speed(self) -> float:
         return float(np.hypot(self.forward_speed, self.lateral_speed))
 
+    @property
+    def right(self) -> np.ndarray:
+        """Unit vector to the car's right (the env's convention: forward = (−sin, cos))."""
+        return np.array([np.cos(self.angle), np.sin(self.angle)])
+
 
 def forward_speed(car) -> float:
     """The hull's forward speed alone (what a speedometer reads; cheaper than :func:`car_pose`)."""
@@ -137,6 +142,5 @@ def shifted_sideways(state: PrivilegedState, offset: float) -> PrivilegedState:
     """The same car moved ``offset`` units to its right (negative: left), heading and speeds kept:
     the state a side camera sees the road from, which a memoryless expert can label."""
     pose = state.pose
-    right = np.array([np.cos(pose.angle), np.sin(pose.angle)])  # the env's convention: forward = (−sin, cos)
-    x, y = pose.position + offset * right
+    x, y = pose.position + offset * pose.right
     return state_at(replace(pose, x=float(x), y=float(y)), state.geometry)
