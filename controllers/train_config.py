@@ -23,7 +23,7 @@ RANGES = {
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
     "twin_fraction": Range(0, 1, low_open=True),
     **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),
-    "plateau_factor": Range(0, 1, low_open=True, high_open=True),  # ReduceLROnPlateau needs 0 < factor < 1
+    **dict.fromkeys(("plateau_factor", "ema_decay"), Range(0, 1, low_open=True, high_open=True)),  # ReduceLROnPlateau needs 0 < factor < 1
     "seed": Range(0, 2**63 - 1),  # numpy SeedSequence needs >= 0, torch.manual_seed < 2**64
 }
 
@@ -51,6 +51,7 @@ class TrainConfig:
     plateau_patience: int = 2
     early_stopping_patience: int = 5
     grad_clip: float = 10.0
+    ema_decay: float | None = None  # Polyak averaging: validate and publish the weights' per-step EMA (None: the raw weights)
     augment: AugmentConfig = field(default_factory=AugmentConfig)  # colour, every observation kind (batched)
     udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)

@@ -14,12 +14,16 @@ frozen for that pass).
 ``data: "udacity:DIR"`` trains on a Udacity recording (imported once, see
 :func:`nsacdrive.data_collection.udacity_import.udacity_dataset`) and sets ``model.observation`` to
 ``udacity`` when the model config does not name one (so its encoder defaults to ``nvidia``). After each epoch the validation loss drives a
-ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safetensors``.
+ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safetensors``. With
+``ema_decay`` the weights validated and published are the exponential moving average of the
+trained weights over the optimiser's steps (Polyak averaging, :class:`torch.optim.swa_utils.AveragedModel`):
+late in training single steps move a heavy-tailed validation NLL by more than a plateau's
+worth, and their average is the smoother, usually better-generalising controller.
 
 Determinism and exact resume: every source of randomness of epoch e (sampler order,
 augmentation, perturbation, MC draws, dropout) is seeded from (seed, e), and the state saved
 after each epoch (weights, optimiser, scheduler, counters) is all that the next epoch reads,
-so ``--resume`` after a kill gives the same weights as an uninterrupted run.
+(and the average) so ``--resume`` after a kill gives the same weights as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -135,7 +140,14 @@ class Trainer:
                 raise ValueError(f"{cfg.data}: the {name} split ({getattr(cfg, name + '_seeds')}) holds no samples")
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(self.optimizer, factor=cfg.plateau_factor, patience=cfg.plateau_patience)
+        self.average = None if cfg.ema_decay is None else AveragedModel(
+            self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
         self.state = TrainState()
+
+    @property
+    def published_model(self) -> torch.nn.Module:
+        """The weights that are validated and become ``model.safetensors``: the EMA when enabled."""
+        return self.model if self.average is None else self.average.module
 
     def _initialise_from(self, run_dir: Path) -> None:
         """Start from another run's best weights; its architecture must be this run's."""
@@ -167,10 +179,11 @@ class Trainer:
         weights as model.safetensors and the history (see :mod:`nsacdrive.controllers.checkpoint`)."""
         last = weights_bytes(self.model)
         previous = latest_checkpoint(self.run_dir)
-        best = last if improved or previous is None else previous.read(BEST_WEIGHTS)
+        best = weights_bytes(self.published_model) if improved or previous is None else previous.read(BEST_WEIGHTS)
         state = io.BytesIO()
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "train_state": dataclasses.asdict(self.state)}, state)
+                    "train_state": dataclasses.asdict(self.state),
+                    "average": None if self.average is None else self.average.state_dict()}, state)
         checkpoint = write_checkpoint(self.run_dir, self.state.epoch, {LAST_WEIGHTS: last, BEST_WEIGHTS: best, TRAINER_STATE: state.getvalue()})
         self._publish(checkpoint)
 
@@ -191,6 +204,8 @@ class Trainer:
         blob = torch.load(io.BytesIO(files[TRAINER_STATE]), weights_only=False)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
+        if self.average is not None:
+            self.average.load_state_dict(blob["average"])
         self.state = TrainState(**blob["train_state"])
         if self.state.epoch != checkpoint.epoch:
             raise CheckpointError(f"{checkpoint.path(TRAINER_STATE)}: holds the state after epoch {self.state.epoch}, "
@@ -254,6 +269,8 @@ class Trainer:
             what, value = ("gradient norm", norms) if bool(torch.isfinite(loss)) else ("loss", loss)
             raise self._diverged(what, value.cpu().tolist(), where, self.train_set, batch)
         self.optimizer.step()
+        if self.average is not None:
+            self.average.update_parameters(self.model)
         return {key: float(value.detach()) for key, value in terms.items()}
 
     def _clip_gradients(self) -> torch.Tensor:
@@ -272,18 +289,19 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, epoch: int) -> float:
-        """Mean validation loss (no augmentation; perturbation and MC draws seeded per epoch)."""
+        """Mean validation loss of :attr:`published_model` (no augmentation; perturbation and MC draws seeded per epoch)."""
         seed = derive_seed(self.config.seed, 10_000 + epoch)
         torch.manual_seed(seed)
         perturb_rng = torch.Generator().manual_seed(seed)
-        self.model.eval()
+        model = self.published_model
+        model.eval()
         total, count = 0.0, 0
         for index, batch in enumerate(self._batches(self.val_set, 0)):
             if self.config.max_val_batches is not None and index >= self.config.max_val_batches:
                 break
-            terms = self.model.training_loss(self._network_frames(batch), batch["timestamps"].to(self.device),
-                                             batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
-                                             speed=batch["speed"].to(self.device))
+            terms = model.training_loss(self._network_frames(batch), batch["timestamps"].to(self.device),
+                                        batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
+                                        speed=batch["speed"].to(self.device))
             loss = float(terms["total"])
             if not math.isfinite(loss):
                 raise self._diverged("loss", loss, f"epoch {epoch + 1}, validation batch {index + 1}", self.val_set, batch)

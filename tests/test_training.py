@@ -89,8 +89,9 @@ def test_same_seed_gives_the_same_weights(dataset, tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_resume_continues_exactly(dataset, tmp_path):
-    config = tiny_config(dataset, "nsac", epochs=2, early_stopping_patience=10)
+@pytest.mark.parametrize("ema_decay", [None, 0.9])
+def test_resume_continues_exactly(dataset, tmp_path, ema_decay):
+    config = tiny_config(dataset, "nsac", epochs=2, early_stopping_patience=10, ema_decay=ema_decay)
     Trainer(config, tmp_path / "straight", progress=False).fit()
     interrupted = Trainer(dataclasses.replace(config, epochs=1), tmp_path / "resumed", progress=False)
     interrupted.fit()
@@ -100,8 +101,37 @@ def test_resume_continues_exactly(dataset, tmp_path):
     a = load_file(latest_checkpoint(tmp_path / "straight").path(LAST_WEIGHTS))
     b = load_file(latest_checkpoint(tmp_path / "resumed").path(LAST_WEIGHTS))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # with ema_decay: the average resumed too
     history = json.loads((tmp_path / "resumed" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2]
+
+
+def test_ema_publishes_and_validates_the_moving_average_of_the_steps(dataset, tmp_path, monkeypatch):
+    """With ema_decay d the published weights are a_1 = w_1, a_k = a_{k-1} + (1 − d)(w_k − a_{k-1})
+    over the weights w_k after each optimiser step, and the recorded validation loss is theirs."""
+    decay, steps = 0.8, []
+    original = Trainer._train_step
+
+    def record(self, *args):
+        terms = original(self, *args)
+        steps.append({k: v.detach().clone() for k, v in self.model.named_parameters()})
+        return terms
+
+    monkeypatch.setattr(Trainer, "_train_step", record)
+    trainer = Trainer(tiny_config(dataset, "gmle", max_batches_per_epoch=5, ema_decay=decay), tmp_path / "ema", progress=False)
+    state = trainer.fit()  # one epoch: it always improves, so model.safetensors holds the average after it
+    assert len(steps) == 5
+    expected = dict(steps[0])
+    for weights in steps[1:]:
+        expected = {k: a + (1 - decay) * (weights[k] - a) for k, a in expected.items()}
+    published = load_file(tmp_path / "ema" / "model.safetensors")
+    eps = torch.finfo(torch.float32).eps
+    for name, value in expected.items():  # five lerps, each rounded in float32 (torch's foreach lerp vs this formula)
+        scale = max(float(value.abs().max()), max(float(w[name].abs().max()) for w in steps), 1e-30)
+        assert torch.allclose(published[name], value, rtol=0, atol=16 * eps * scale), name
+    assert not all(torch.equal(published[k], steps[-1][k]) for k in expected)  # not the last step's weights
+    assert trainer.validate(0) == state.history[0]["val_total"]  # the recorded loss is the published weights'
 
 
 def test_refuses_to_overwrite_a_run_and_resume_needs_the_same_config(dataset, tmp_path):
