@@ -23,7 +23,7 @@ RANGES = {
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
     "twin_fraction": Range(0, 1, low_open=True),
     **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),
-    **dict.fromkeys(("plateau_factor", "ema_decay"), Range(0, 1, low_open=True, high_open=True)),  # ReduceLROnPlateau needs 0 < factor < 1
+    **dict.fromkeys(("plateau_factor", "ema_decay"), Range(0, 1, low_open=True, high_open=True)),  # ReduceLROnPlateau needs 0 < factor < 1; a decay of 0 or 1 averages nothing
     "seed": Range(0, 2**63 - 1),  # numpy SeedSequence needs >= 0, torch.manual_seed < 2**64
 }
 

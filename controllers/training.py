@@ -18,12 +18,12 @@ ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safe
 ``ema_decay`` the weights validated and published are the exponential moving average of the
 trained weights over the optimiser's steps (Polyak averaging, :class:`torch.optim.swa_utils.AveragedModel`):
 late in training single steps move a heavy-tailed validation NLL by more than a plateau's
-worth, and their average is the smoother, usually better-generalising controller.
+worth, and the average moves far less (on Lévy's quality recipe it did not change the laps; README).
 
 Determinism and exact resume: every source of randomness of epoch e (sampler order,
 augmentation, perturbation, MC draws, dropout) is seeded from (seed, e), and the state saved
-after each epoch (weights, optimiser, scheduler, counters) is all that the next epoch reads,
-(and the average) so ``--resume`` after a kill gives the same weights as an uninterrupted run.
+after each epoch (weights, their average when enabled, optimiser, scheduler, counters) is all that
+the next epoch reads, so ``--resume`` after a kill gives the same weights as an uninterrupted run.
 """
 
 from __future__ import annotations
