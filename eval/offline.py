@@ -325,6 +325,24 @@ def seed_repeats(runs: Sequence[Path], count: int, workers: int = 1, backend: st
     return repeats
 
 
+def check_seed_repeats(runs: Sequence[Path]) -> None:
+    """Refuse to pool runs of one model whose training configs differ in more than the seed (and
+    the device they ran on): their mean ± std would mix recipes (ValueError naming both runs)."""
+    first: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for run in runs:
+        config = read_run_config(run)
+        settings = replace(config, seed=0, device="auto").to_dict()
+        name = config.model.model
+        if name not in first:
+            first[name] = (run, settings)
+            continue
+        other, reference = first[name]
+        differing = sorted(key for key in settings if settings[key] != reference[key])
+        if differing:
+            raise ValueError(f"--by-model pools the runs of each model, but {other} and {run} ({name}) differ in "
+                             f"{', '.join(differing)}, not only in the seed; evaluate them in separate calls")
+
+
 def aggregate_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with mean ± std over seed repeats of the same model (``<metric>_std`` columns added)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}

@@ -444,12 +444,13 @@ def evaluate_offline(
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... (`nsacdrive env corruptions`)."),
+    by_model: bool = typer.Option(False, "--by-model", help="One row per model: mean ± std over its runs (e.g. a sweep's training seeds; they must differ only in the seed)."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean, colour-perturbed and corrupted."""
     check_output_folder(out)
     from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.envs.corruptions import parse_corruptions
-    from nsacdrive.eval.offline import aggregate_seeds, evaluate_run, seed_repeats, table_rows, write_tables
+    from nsacdrive.eval.offline import aggregate_seeds, check_seed_repeats, evaluate_run, seed_repeats, table_rows, write_tables
 
     if colour_preset is not None:
         _presets(colour_preset)
@@ -461,6 +462,8 @@ def evaluate_offline(
         raise typer.BadParameter("--address: only used with --backend ray")
     loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
+        if by_model:
+            check_seed_repeats(runs)
         results = []
         repeats = seed_repeats(runs, train_seeds, workers, backend.value, address,  # each run first, then its retrainings
                                lambda r: typer.echo(f"retrained {r.model} seed {r.seed}: {r.epochs} epochs → {r.out}"))
@@ -471,7 +474,7 @@ def evaluate_offline(
     except (CheckpointError, ValueError, ImportError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    rows = aggregate_seeds(results) if train_seeds > 1 else table_rows(results)
+    rows = aggregate_seeds(results) if train_seeds > 1 or by_model else table_rows(results)
     typer.echo(write_tables(results, out, rows))
     for result in results:
         extras = [f"recalibrated by calibration.json ({result['recalibration']}): the _cal columns" if result["recalibration"] != "none" else

@@ -283,6 +283,30 @@ def test_evaluate_offline_seed_repeats_report_mean_and_std(dataset, tmp_path):
     assert missing.exit_code == 2 and "shift-5" in missing.output
 
 
+def test_evaluate_offline_by_model_pools_the_seeds_of_each_model_and_refuses_mixed_recipes(dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+    from nsacdrive.eval.offline import evaluate_run
+
+    for seed in (3, 4):
+        Trainer(tiny_config(dataset, "gmle", seed=seed), tmp_path / f"gmle-s{seed}", progress=False).fit()
+    Trainer(tiny_config(dataset, "gmle", lr=5e-4), tmp_path / "gmle-lr", progress=False).fit()
+    runs = [str(tmp_path / "gmle-s3"), str(tmp_path / "gmle-s4")]
+    result = CliRunner().invoke(app, ["evaluate-offline", *runs, "--data", str(dataset), "--by-model", "--out", str(tmp_path / "table")])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in (tmp_path / "table" / "offline.md").read_text().splitlines() if line.startswith("| gmle")]
+    assert len(rows) == 3 and all(" ± " in row for row in rows)  # one row per action, mean ± std
+    per_run = [evaluate_run(tmp_path / f"gmle-s{seed}", dataset)["conditions"]["clean"]["per_action"]["steer"]["mse"] for seed in (3, 4)]
+    csv_row = (tmp_path / "table" / "offline.csv").read_text().splitlines()[1].split(",")
+    header = (tmp_path / "table" / "offline.csv").read_text().splitlines()[0].split(",")
+    assert float(csv_row[header.index("mse")]) == pytest.approx(np.mean(per_run), rel=1e-6)
+    assert float(csv_row[header.index("mse_std")]) == pytest.approx(np.std(per_run), rel=1e-6, abs=1e-12)
+    mixed = CliRunner().invoke(app, ["evaluate-offline", runs[0], str(tmp_path / "gmle-lr"), "--data", str(dataset), "--by-model",
+                                     "--out", str(tmp_path / "t2")])
+    assert mixed.exit_code == 2 and "differ in lr" in mixed.output and not (tmp_path / "t2").exists()
+
+
 def test_evaluate_offline_loads_each_run_once(dataset, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
