@@ -10,7 +10,7 @@ import numpy as np
 
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import drive, termination_reason
-from nsacdrive.common.workers import single_threaded_worker
+from nsacdrive.common.workers import pool_initializer
 from nsacdrive.envs.car_racing import make_car_racing
 
 
@@ -84,5 +84,5 @@ def evaluate_agent(agent_spec: str, seeds: list[int], colour_preset: str = "defa
     if workers <= 1:
         return QualityReport([episode_quality(*a) for a in args])
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded_worker) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=pool_initializer()) as pool:
         return QualityReport(list(pool.map(episode_quality, *zip(*args))))

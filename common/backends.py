@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from nsacdrive.common.workers import single_threaded_worker
+from nsacdrive.common.workers import pool_initializer, single_threaded_worker
 
 BACKENDS = ("process", "ray")
 RAY_MISSING = "--backend ray needs the optional extra: pip install 'nsacdrive[ray]'"
@@ -127,7 +127,7 @@ def _run_ray(function: Callable[..., R], argument_tuples: list[tuple], workers: 
 
 
 def _run_processes(function: Callable[..., R], argument_tuples: list[tuple], workers: int) -> Iterator[R]:
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=single_threaded_worker) as pool:
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=pool_initializer()) as pool:
         pending = {pool.submit(function, *arguments) for arguments in argument_tuples}
         try:
             while pending:

@@ -1,16 +1,23 @@
-"""Worker-process setup shared by every process pool (collection, evaluation).
+"""Worker-process setup shared by every process pool (collection, evaluation, sweeps).
 
 Each worker runs one episode at a time with batch-1 inference: extra BLAS/OpenMP threads gain
 nothing there, and N workers × M threads on a small machine oversubscribe the cores and slow
-every step down many times over. Workers therefore run single-threaded.
+every step down many times over. Workers therefore run single-threaded. They also end with the
+process that started them: a killed ``nsacdrive sweep`` must not leave trainings running that
+go on writing its run folders (a restarted sweep would then meet them there).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+#: prctl option: the signal the kernel sends this process when the thread that started it exits (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
 
 
 def single_threaded_worker() -> None:
@@ -19,6 +26,23 @@ def single_threaded_worker() -> None:
         os.environ[name] = "1"
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+def pool_worker(parent_pid: int) -> None:
+    """Process-pool initializer: single-threaded, and terminated when ``parent_pid`` exits (Linux;
+    elsewhere only single-threaded). Exits at once if that parent is already gone."""
+    single_threaded_worker()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before the request could take effect
+            os._exit(1)
+
+
+def pool_initializer() -> Callable[[], None]:
+    """The initializer every process pool of this package uses: :func:`pool_worker` bound to this process."""
+    return functools.partial(pool_worker, os.getpid())
 
 
 @contextmanager

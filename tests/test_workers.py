@@ -1,0 +1,65 @@
+"""Process-pool workers end with the process that started them (common/workers.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+#: a parent that starts one pool worker, which records its pid and then works "forever"
+PARENT = """
+import sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from nsacdrive.common.workers import pool_initializer
+
+def task(path):
+    import os
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=pool_initializer()) as pool:
+        pool.submit(task, sys.argv[1]).result()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting for a reaper (whatever this machine's PID 1 does)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_pool_worker_ends_when_its_parent_is_killed(tmp_path):
+    script, pid_file = tmp_path / "parent.py", tmp_path / "worker.pid"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    try:
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60), "the worker never started its task"
+        worker = int(pid_file.read_text())
+        assert alive(worker)
+        parent.send_signal(signal.SIGKILL)  # no chance to shut the pool down: only the kernel can end the worker
+        parent.wait(10)
+        assert wait_for(lambda: not alive(worker), 10), "the worker outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait(10)
+
