@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Offline comparison of every model on one held-out seed range (the issue's closing table).
-# Data: expert laps on track seeds 0-19, default colours + shift-3; split 0-15 / 16-17 / 18-19.
-# Budget per model: configs/compare.json (8 epochs x 60 batches x 32 sequences). Resumable.
+# The eight models compared offline over three training seeds (issue 17's comparison): clean test
+# tracks and the held-out corruption suite (13 families at severities 1, 3, 5), raw and recalibrated.
+# Data: expert laps on tracks 0-59, clean and with executed-action noise 0.2 (the quality data;
+# split 48/6/6 tracks). Budget per run: configs/compare.json (the quality recipe's settings with
+# the hinge and held-out proxies, 12 epochs x 100 batches x 32 sequences). Every step resumes.
+# About 2 h on 2 cores: training ~70 min, calibration and the suite table the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSAC=.venv/bin/nsacdrive
-$NSAC collect --agent expert --seeds 0-19 --colour-preset default,shift-3 --out data/compare --workers 2 --resume
-runs=()
-for model in nsac nac gmle mcdropout ensemble evidential sdenet levy; do
-  $NSAC train --model "$model" --data data/compare --out "runs/compare/$model" --config configs/compare.json --resume
-  runs+=("runs/compare/$model")
+MODELS=nsac,nac,gmle,mcdropout,ensemble,evidential,sdenet,levy
+SEEDS=${SEEDS:-0-2}
+SAMPLES=${SAMPLES:-200}
+$NSAC collect --agent expert --seeds 0-59 --out data/quality --workers 2 --resume
+$NSAC collect --agent expert --seeds 0-59 --noise 0.2 --out data/quality --workers 2 --resume
+$NSAC sweep --config configs/compare.json --data data/quality --seeds "$SEEDS" --models "$MODELS" --workers 2 --out runs/cmp
+for run in runs/cmp/*-s*; do
+  [ -f "$run/calibration.json" ] || $NSAC calibrate "$run" --data data/quality --isotonic
 done
-$NSAC evaluate-offline "${runs[@]}" --data data/compare --colour-preset shift-3 --out runs/compare-offline
+corruptions=$($NSAC env corruptions | awk '{printf "%s%s-1,%s-3,%s-5", (NR > 1 ? "," : ""), $1, $1, $1}')
+$NSAC evaluate-offline runs/cmp/*-s* --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" \
+  --by-model --out runs/cmp-offline
