@@ -20,3 +20,4 @@ done
 corruptions=$($NSAC env corruptions | awk '{printf "%s%s-1,%s-3,%s-5", (NR > 1 ? "," : ""), $1, $1, $1}')
 $NSAC evaluate-offline runs/cmp/*-s* --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" \
   --by-model --out runs/cmp-offline
+.venv/bin/python -m bench.compare_summary runs/cmp-offline/offline.json | tee runs/cmp-offline/summary.md
