@@ -1,7 +1,7 @@
 """The 8-model comparison in a few rows: clean test tracks and the corruption suite, per model,
 mean ± std over its training seeds (issue 17's targets), from ``evaluate-offline``'s offline.json.
 
-    python -m bench.compare_summary runs/cmp-offline/offline.json [--action steer]
+    python -m bench.compare_summary runs/cmp-offline/offline.json [MORE.json ...] [--action steer]
 
 A corruption is *harmful* for a run when it at least doubles that run's clean MSE of the action;
 error detection (σ against |error| above the clean 90th percentile) and Spearman(σ, |error|) are
@@ -133,10 +133,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("offline_json", type=Path, help="offline.json of `nsacdrive evaluate-offline`")
+    parser.add_argument("offline_json", type=Path, nargs="+", help="offline.json of `nsacdrive evaluate-offline` (several: their results pooled)")
     parser.add_argument("--action", default="steer", choices=("steer", "gas", "brake"))
     args = parser.parse_args()
-    results = json.loads(args.offline_json.read_text())["results"]
+    results = [result for path in args.offline_json for result in json.loads(path.read_text())["results"]]
     print(to_markdown(summarise(results, args.action)))
 
 
