@@ -4,7 +4,7 @@
 # Data: expert laps on tracks 0-59, clean and with executed-action noise 0.2 (the quality data;
 # split 48/6/6 tracks). Budget per run: configs/compare.json (the quality recipe's settings with
 # the hinge and held-out proxies, 12 epochs x 100 batches x 32 sequences). Every step resumes.
-# About 2 h on 2 cores: training ~70 min, calibration and the suite table the rest.
+# About 2 h on 2 cores: training ~50 min, calibration ~15 min, the suite table the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSAC=.venv/bin/nsacdrive
@@ -18,6 +18,13 @@ for run in runs/cmp/*-s*; do
   [ -f "$run/calibration.json" ] || $NSAC calibrate "$run" --data data/quality --isotonic
 done
 corruptions=$($NSAC env corruptions | awk '{printf "%s%s-1,%s-3,%s-5", (NR > 1 ? "," : ""), $1, $1, $1}')
-$NSAC evaluate-offline runs/cmp/*-s* --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" \
-  --by-model --out runs/cmp-offline
-.venv/bin/python -m bench.compare_summary runs/cmp-offline/offline.json | tee runs/cmp-offline/summary.md
+# two evaluations side by side, one per core (each pools its models' seeds)
+evaluate() {
+  local out=$1; shift
+  OMP_NUM_THREADS=1 $NSAC evaluate-offline "$@" --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" --by-model --out "$out"
+}
+evaluate runs/cmp-offline-a runs/cmp/{nsac,ensemble,gmle,evidential}-s* > runs/cmp-offline-a.log &
+first=$!
+evaluate runs/cmp-offline-b runs/cmp/{nac,mcdropout,sdenet,levy}-s* > runs/cmp-offline-b.log
+wait "$first"
+.venv/bin/python -m bench.compare_summary runs/cmp-offline-{a,b}/offline.json | tee runs/cmp-summary.md
