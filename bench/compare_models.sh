@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 NSAC=.venv/bin/nsacdrive
 MODELS=nsac,nac,gmle,mcdropout,ensemble,evidential,sdenet,levy
 SEEDS=${SEEDS:-0-2}
-SAMPLES=${SAMPLES:-200}
+SAMPLES=${SAMPLES:-300}
 $NSAC collect --agent expert --seeds 0-59 --out data/quality --workers 2 --resume
 $NSAC collect --agent expert --seeds 0-59 --noise 0.2 --out data/quality --workers 2 --resume
 $NSAC sweep --config configs/compare.json --data data/quality --seeds "$SEEDS" --models "$MODELS" --workers 2 --out runs/cmp
