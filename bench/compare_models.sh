@@ -23,8 +23,8 @@ evaluate() {
   local out=$1; shift
   OMP_NUM_THREADS=1 $NSAC evaluate-offline "$@" --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" --by-model --out "$out"
 }
-evaluate runs/cmp-offline-a runs/cmp/{nsac,ensemble,gmle,evidential}-s* > runs/cmp-offline-a.log &
+evaluate runs/cmp-offline-a runs/cmp/{nsac,nac,gmle,mcdropout}-s* > runs/cmp-offline-a.log &
 first=$!
-evaluate runs/cmp-offline-b runs/cmp/{nac,mcdropout,sdenet,levy}-s* > runs/cmp-offline-b.log
+evaluate runs/cmp-offline-b runs/cmp/{ensemble,evidential,sdenet,levy}-s* > runs/cmp-offline-b.log
 wait "$first"
 .venv/bin/python -m bench.compare_summary runs/cmp-offline-{a,b}/offline.json | tee runs/cmp-summary.md
