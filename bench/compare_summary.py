@@ -55,8 +55,13 @@ def harmful(result: dict[str, Any], action: str) -> list[str]:
     return [c for c in corruptions(result) if (metric(result, c, action, "mse") or 0.0) >= HARM_RATIO * clean]
 
 
+def defined(value: float | None) -> bool:
+    """Not missing and not NaN (a rank statistic of a constant σ, e.g. NAC's homoscedastic one)."""
+    return value is not None and not np.isnan(value)
+
+
 def mean_over(values: list[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
+    kept = [v for v in values if defined(v)]
     return float(np.mean(kept)) if kept else None
 
 
@@ -108,7 +113,7 @@ def summarise(results: list[dict[str, Any]], action: str = "steer") -> list[dict
     for model, runs in by_model.items():
         row: dict[str, Any] = {"model": model, "seeds": len(runs), "interval": interval(runs, action)}
         for column in COLUMNS:
-            values = [v for v in (column.value(r, action) for r in runs) if v is not None]
+            values = [v for v in (column.value(r, action) for r in runs) if defined(v)]
             row[column.header] = (float(np.mean(values)), float(np.std(values)), values) if values else None
         rows.append(row)
     return rows

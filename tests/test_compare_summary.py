@@ -54,3 +54,11 @@ def test_columns_average_per_run_then_over_seeds():
     table = to_markdown(rows)
     assert table.splitlines()[0].count("|") == table.splitlines()[2].count("|")
     assert "| gmle | 1 | 0.0100 ± 0.0000 |" in table
+
+
+def test_a_rank_statistic_of_a_constant_sigma_is_left_out_not_averaged():
+    constant = run("nac", 0.01, 0.5)
+    for report in constant["conditions"].values():
+        report["per_action"]["steer"]["spearman"] = float("nan")
+    (row,) = summarise([constant])
+    assert row["Spearman harmful"] is None and "nan" not in to_markdown([row])
