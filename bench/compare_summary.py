@@ -129,7 +129,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         cells = [row["model"], str(row["seeds"])]
         for column in COLUMNS:
             value = row[column.header]
-            cells.append("" if value is None else f"{value[0]:.{column.digits}f} ± {value[1]:.{column.digits}f}")
+            cell = "" if value is None else f"{value[0]:.{column.digits}f} ± {value[1]:.{column.digits}f}"
+            if value is not None and len(value[2]) < row["seeds"]:  # e.g. no harmful condition for some seeds
+                cell += f" ({len(value[2])} of {row['seeds']} seeds)"
+            cells.append(cell)
             if column.header == "CRPS":
                 cells.append(row["interval"])
         lines.append("| " + " | ".join(cells) + " |")

@@ -62,3 +62,11 @@ def test_a_rank_statistic_of_a_constant_sigma_is_left_out_not_averaged():
         report["per_action"]["steer"]["spearman"] = float("nan")
     (row,) = summarise([constant])
     assert row["Spearman harmful"] is None and "nan" not in to_markdown([row])
+
+
+def test_a_cell_says_how_many_seeds_it_averages_when_some_have_no_value():
+    mild = run("levy", 0.01, 0.5)
+    for name in ("camera-tilt-1", "camera-tilt-3"):
+        mild["conditions"][name]["per_action"]["steer"]["mse"] = 0.011  # nothing doubles the clean MSE
+    table = to_markdown(summarise([mild, run("levy", 0.01, 0.5)]))
+    assert "0.55 ± 0.00 (1 of 2 seeds)" in table  # the error AUROC over the harmful conditions: one seed has them
