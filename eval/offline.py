@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import ACTION_NAMES
@@ -106,8 +107,9 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
                  max_samples: int | None = None,
                  loaded: tuple[torch.nn.Module, TrainConfig] | None = None, raw: bool = False,
-                 corruptions: Sequence[CorruptionSpec] = ()) -> dict[str, Any]:
-    """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed.
+                 corruptions: Sequence[CorruptionSpec] = (), progress: bool = False) -> dict[str, Any]:
+    """Metrics of one run on its own held-out split; ``max_samples`` subsamples evenly for speed;
+    ``progress`` shows the conditions done (a bar, or a line now and then in a log).
 
     ``loaded``: the run's raw controller and config (``load_run(run_dir, raw=True)``) when the
     caller holds them already. Every condition holds ``per_action`` from the raw predictions and,
@@ -131,7 +133,8 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
                            "recalibration": calibration.method if calibration is not None else "none",
                            "density": getattr(model, "density", None) is not None}
     predictions = {}
-    for name, (preset, corruption) in conditions.items():
+    for name, (preset, corruption) in progress_bar(list(conditions.items()), desc=Path(run_dir).name, unit="condition",
+                                                   disable=not progress):
         dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, **kw)
         if len(dataset) == 0:
             raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "

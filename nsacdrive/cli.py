@@ -470,7 +470,7 @@ def evaluate_offline(
         for run in runs:
             for repeat in repeats[run]:
                 results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
-                                            raw=raw, corruptions=specs))
+                                            raw=raw, corruptions=specs, progress=True))
     except (CheckpointError, ValueError, ImportError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

@@ -302,6 +302,7 @@ def test_evaluate_offline_by_model_pools_the_seeds_of_each_model_and_refuses_mix
     header = (tmp_path / "table" / "offline.csv").read_text().splitlines()[0].split(",")
     assert float(csv_row[header.index("mse")]) == pytest.approx(np.mean(per_run), rel=1e-6)
     assert float(csv_row[header.index("mse_std")]) == pytest.approx(np.std(per_run), rel=1e-6, abs=1e-12)
+    assert "gmle-s3: 1/1 condition" in result.output  # the progress line each run ends with (in a log: whole lines)
     mixed = CliRunner().invoke(app, ["evaluate-offline", runs[0], str(tmp_path / "gmle-lr"), "--data", str(dataset), "--by-model",
                                      "--out", str(tmp_path / "t2")])
     assert mixed.exit_code == 2 and "differ in lr" in mixed.output and not (tmp_path / "t2").exists()
