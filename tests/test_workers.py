@@ -51,7 +51,8 @@ def wait_for(condition, seconds: float) -> bool:
 def test_a_pool_worker_ends_when_its_parent_is_killed(tmp_path):
     script, pid_file = tmp_path / "parent.py", tmp_path / "worker.pid"
     script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    with open(tmp_path / "parent.err", "w") as errors:  # the killed parent's resource tracker warns about its semaphores there
+        parent = subprocess.Popen([sys.executable, str(script), str(pid_file)], stderr=errors)
     try:
         assert wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60), "the worker never started its task"
         worker = int(pid_file.read_text())
