@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from nsacdrive.envs.corruptions import parse_corruptions
+
 #: a corruption that at least multiplies the clean MSE by this is harmful (issue 17)
 HARM_RATIO = 2.0
 #: the OOD targets are set at this severity and above
@@ -36,9 +38,12 @@ class Column:
 
 
 def severity(condition: str) -> int | None:
-    """The severity of a ``FAMILY-SEVERITY`` condition, None for clean and colour presets."""
-    family, _, level = condition.rpartition("-")
-    return int(level) if family and level.isdigit() and family not in ("shift", "random") else None
+    """The severity of a ``FAMILY-SEVERITY`` corruption, None for clean and colour presets."""
+    try:
+        (spec,) = parse_corruptions(condition)
+    except ValueError:
+        return None
+    return spec.severity
 
 
 def corruptions(result: dict[str, Any]) -> list[str]:

@@ -19,18 +19,15 @@ import numpy as np
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.controllers.metrics import ood_auroc
 from nsacdrive.controllers.run import load_run
-from nsacdrive.data_collection.dataset import SequenceDataset
 from nsacdrive.envs.corruptions import parse_corruptions
-from nsacdrive.eval.offline import ERROR_QUANTILE, Predictions, evenly_spaced, predict_split
+from nsacdrive.eval.offline import Predictions, condition_predictions, large_error_threshold
 
 
 def predictions(run: Path, data: Path, condition: str | None, samples: int) -> Predictions:
     model, config = load_run(run)
-    dataset = SequenceDataset(data, parse_seeds(config.test_seeds, "test seeds"), colour_presets=["default"],
-                              corruption=parse_corruptions(condition)[0] if condition else None,
-                              sequence_length=config.sequence_length, frame_stride=config.frame_stride,
-                              observation=config.model.observation)
-    return predict_split(model, evenly_spaced(dataset, samples), config.model.predict_samples)
+    corruption = parse_corruptions(condition)[0] if condition else None
+    return condition_predictions(model, config, data, parse_seeds(config.test_seeds, "test seeds"), corruption=corruption,
+                                 max_samples=samples)
 
 
 def signal_aurocs(pred: Predictions, errors: np.ndarray, clean: Predictions) -> dict[str, float]:
@@ -57,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     clean = predictions(args.run, args.data, None, args.samples)
     pred = predictions(args.run, args.data, args.condition, args.samples)
-    threshold = np.quantile(np.abs(clean.target - clean.mean)[:, 0], ERROR_QUANTILE)
+    threshold = large_error_threshold(clean)[0]
     errors = np.abs(pred.target - pred.mean)[:, 0] > threshold
     straight = np.abs(pred.target[:, 0]) < args.straight
     print(f"{args.run} under {args.condition}: {errors.mean():.0%} of {len(errors)} sequences are errors; "

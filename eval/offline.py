@@ -104,6 +104,23 @@ def predict_split(model: torch.nn.Module, dataset: SequenceDataset, samples: int
     return Predictions(**{k: joined[k] for k in parts}, signals={k: joined[k] for k in signals} or None)  # type: ignore[arg-type]
 
 
+def condition_predictions(model: torch.nn.Module, config: TrainConfig, data: Path, seeds: list[int], preset: str = "default",
+                          corruption: CorruptionSpec | None = None, max_samples: int | None = None,
+                          split: str = "test") -> Predictions:
+    """A run's predictions on ``seeds`` recorded under ``preset``, optionally corrupted (ValueError when none are recorded)."""
+    dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, sequence_length=config.sequence_length,
+                              frame_stride=config.frame_stride, observation=config.model.observation)
+    if len(dataset) == 0:
+        raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
+                         f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
+    return predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples)
+
+
+def large_error_threshold(clean: Predictions) -> np.ndarray:
+    """Per action, the |error| above which an error counts as large: the clean condition's ERROR_QUANTILE."""
+    return np.quantile(np.abs(clean.target - clean.mean), ERROR_QUANTILE, axis=0)
+
+
 def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_preset: str | None = None,
                  max_samples: int | None = None,
                  loaded: tuple[torch.nn.Module, TrainConfig] | None = None, raw: bool = False,
@@ -124,7 +141,6 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
         raise ValueError(f"{run_dir}: evaluate_run needs the raw controller (load_run(..., raw=True)); it applies calibration.json itself")
     calibration = None if raw else read_calibration(run_dir)
     seeds = parse_seeds(config.test_seeds if split == "test" else config.val_seeds, f"{split} seeds")
-    kw = dict(sequence_length=config.sequence_length, frame_stride=config.frame_stride, observation=config.model.observation)
     conditions: dict[str, tuple[str, CorruptionSpec | None]] = {"clean": ("default", None)}
     if perturbed_preset:
         conditions[perturbed_preset] = (perturbed_preset, None)
@@ -135,12 +151,8 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
     predictions = {}
     for name, (preset, corruption) in progress_bar(list(conditions.items()), desc=Path(run_dir).name, unit="condition",
                                                    disable=not progress):
-        dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, **kw)
-        if len(dataset) == 0:
-            raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
-                             f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")
-        predictions[name] = predict_split(model, evenly_spaced(dataset, max_samples), config.model.predict_samples)
-    error_threshold = np.quantile(np.abs(predictions["clean"].target - predictions["clean"].mean), ERROR_QUANTILE, axis=0)
+        predictions[name] = condition_predictions(model, config, data, seeds, preset, corruption, max_samples, split)
+    error_threshold = large_error_threshold(predictions["clean"])
     for name, pred in predictions.items():
         out["conditions"][name] = {"samples": len(pred.target), **_report(pred, error_threshold)}
         if pred.density is not None:
@@ -328,12 +340,11 @@ def seed_repeats(runs: Sequence[Path], count: int, workers: int = 1, backend: st
     return repeats
 
 
-def check_seed_repeats(runs: Sequence[Path]) -> None:
+def check_seed_repeats(configs: dict[Path, TrainConfig]) -> None:
     """Refuse to pool runs of one model whose training configs differ in more than the seed (and
     the device they ran on): their mean ± std would mix recipes (ValueError naming both runs)."""
     first: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for run in runs:
-        config = read_run_config(run)
+    for run, config in configs.items():
         settings = replace(config, seed=0, device="auto").to_dict()
         name = config.model.model
         if name not in first:

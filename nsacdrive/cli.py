@@ -463,7 +463,7 @@ def evaluate_offline(
     loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
     try:
         if by_model:
-            check_seed_repeats(runs)
+            check_seed_repeats({run: config for run, (_, config) in loaded.items()})
         results = []
         repeats = seed_repeats(runs, train_seeds, workers, backend.value, address,  # each run first, then its retrainings
                                lambda r: typer.echo(f"retrained {r.model} seed {r.seed}: {r.epochs} epochs → {r.out}"))
