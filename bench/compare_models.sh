@@ -17,11 +17,10 @@ $NSAC sweep --config configs/compare.json --data data/quality --seeds "$SEEDS" -
 for run in runs/cmp/*-s*; do
   [ -f "$run/calibration.json" ] || $NSAC calibrate "$run" --data data/quality --isotonic
 done
-corruptions=$($NSAC env corruptions | awk '{printf "%s%s-1,%s-3,%s-5", (NR > 1 ? "," : ""), $1, $1, $1}')
 # two evaluations side by side, one per core (each pools its models' seeds)
 evaluate() {
   local out=$1; shift
-  OMP_NUM_THREADS=1 $NSAC evaluate-offline "$@" --data data/quality --corruptions "$corruptions" --max-samples "$SAMPLES" --by-model --out "$out"
+  OMP_NUM_THREADS=1 $NSAC evaluate-offline "$@" --data data/quality --corruptions all-1,all-3,all-5 --max-samples "$SAMPLES" --by-model --out "$out"
 }
 evaluate runs/cmp-offline-a runs/cmp/{nsac,nac,gmle,mcdropout}-s* > runs/cmp-offline-a.log &
 first=$!

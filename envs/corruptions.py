@@ -205,16 +205,18 @@ class CorruptionSpec:
 
 
 def parse_corruptions(text: str, what: str = "--corruptions") -> list[CorruptionSpec]:
-    """``all`` (every family at every severity) or comma-separated ``FAMILY-SEVERITY`` names."""
+    """``all`` (every family at every severity) or comma-separated names: ``FAMILY-SEVERITY``, or
+    ``all-SEVERITY`` for every family at that severity (``all-1,all-3,all-5``: three severities)."""
     if text.strip() == "all":
         return [CorruptionSpec(family, severity) for family in FAMILIES for severity in SEVERITIES]
     specs = []
     for item in (part.strip() for part in text.split(",")):
         family, _, severity = item.rpartition("-")
-        if family not in CORRUPTIONS or not severity.isdigit() or int(severity) not in SEVERITIES:
+        if (family not in CORRUPTIONS and family != "all") or not severity.isdigit() or int(severity) not in SEVERITIES:
             raise ValueError(f"{what}: {item!r} is not FAMILY-SEVERITY with a family of {', '.join(FAMILIES)} "
-                             f"and a severity 1-5 (or give 'all')")
-        specs.append(CorruptionSpec(family, int(severity)))
+                             f"(or all) and a severity 1-5 (or give 'all')")
+        families = FAMILIES if family == "all" else (family,)
+        specs.extend(CorruptionSpec(name, int(severity)) for name in families)
     if len({s.name for s in specs}) != len(specs):
         raise ValueError(f"{what}: {text!r} names a corruption twice")
     return specs

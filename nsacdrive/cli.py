@@ -443,7 +443,7 @@ def evaluate_offline(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for the retrainings (data and run folders on a shared filesystem)."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
-    corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... (`nsacdrive env corruptions`)."),
+    corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`)."),
     by_model: bool = typer.Option(False, "--by-model", help="One row per model: mean ± std over its runs (e.g. a sweep's training seeds; they must differ only in the seed)."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean, colour-perturbed and corrupted."""
@@ -519,6 +519,18 @@ def monitor(
     typer.echo(f"→ {out}/monitor.json, monitor.md, figures/")
 
 
+def _closed_loop_corruptions(text: str) -> tuple[str, ...]:
+    """``--corruption``: ``none`` and suite names as ``parse_corruptions`` reads them (``all``, ``all-3``, ``fog-3``)."""
+    from nsacdrive.envs.corruptions import parse_corruptions
+
+    if text.strip() == "all":
+        return tuple(spec.name for spec in parse_corruptions("all"))
+    names: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        names.extend([item] if item == "none" else (spec.name for spec in parse_corruptions(item, "--corruption")))
+    return tuple(names)
+
+
 @app.command("eval")
 def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
@@ -535,7 +547,7 @@ def closed_loop_eval(
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     device: str = typer.Option("cpu", "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
-    corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY (`nsacdrive env corruptions`), or all."),
+    corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option("steer_std", "--monitor-score", help="The score of --monitor that raises alarms."),
     fallback: str = typer.Option("none", "--fallback", help="On an alarm: none (log it), slow (no gas above 30 units/s), or expert (the privileged expert drives; an intervention)."),
@@ -547,7 +559,6 @@ def closed_loop_eval(
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
-    from nsacdrive.envs.corruptions import parse_corruptions
     from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
@@ -559,8 +570,7 @@ def closed_loop_eval(
             raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
         drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, renderer=renderer.value, raw=raw,
                             device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
-        corruptions = tuple(s.name for s in parse_corruptions("all")) if corruption.strip() == "all" else \
-            tuple(c.strip() for c in corruption.split(","))
+        corruptions = _closed_loop_corruptions(corruption)
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                             corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                             backend=backend.value, address=address, inference=inference.value)

@@ -76,7 +76,9 @@ def test_the_background_texture_replaces_the_grass_only_and_its_contrast_grows()
 
 def test_parse_reads_names_and_refuses_what_is_not_in_the_suite():
     assert [s.name for s in parse_corruptions("fog-3, jpeg-1")] == ["fog-3", "jpeg-1"]
-    for bad in ("fog-6", "smoke-1", "fog", "fog-3,fog-3"):
+    every_third = parse_corruptions("all-1, all-3")
+    assert [s.name for s in every_third] == [f"{f}-1" for f in FAMILIES] + [f"{f}-3" for f in FAMILIES]
+    for bad in ("fog-6", "smoke-1", "fog", "fog-3,fog-3", "all-6", "all-3,fog-3"):
         with pytest.raises(ValueError, match="--corruptions"):
             parse_corruptions(bad)
 
@@ -179,3 +181,12 @@ def test_eval_command_takes_corruptions_and_names_them_in_its_table(run, tmp_pat
                                       "--corruption", "none,jpeg-5", "--out", str(tmp_path / "eval")])
     assert result.exit_code == 0, result.output
     assert "default+jpeg-5" in result.output
+
+
+def test_eval_reads_a_severity_of_every_family_beside_none():
+    from nsacdrive.cli import _closed_loop_corruptions
+
+    assert _closed_loop_corruptions("none, all-5") == ("none", *(f"{family}-5" for family in FAMILIES))
+    assert len(_closed_loop_corruptions("all")) == 5 * len(FAMILIES)
+    with pytest.raises(ValueError, match="--corruption: 'fog-0'"):
+        _closed_loop_corruptions("none,fog-0")
