@@ -23,13 +23,6 @@ from nsacdrive.envs.corruptions import parse_corruptions
 from nsacdrive.eval.offline import Predictions, condition_predictions, large_error_threshold
 
 
-def predictions(run: Path, data: Path, condition: str | None, samples: int) -> Predictions:
-    model, config = load_run(run)
-    corruption = parse_corruptions(condition)[0] if condition else None
-    return condition_predictions(model, config, data, parse_seeds(config.test_seeds, "test seeds"), corruption=corruption,
-                                 max_samples=samples)
-
-
 def signal_aurocs(pred: Predictions, errors: np.ndarray, clean: Predictions) -> dict[str, float]:
     """AUROC of each per-frame steering signal, errors against the rest."""
     def auroc(score: np.ndarray) -> float:
@@ -52,8 +45,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300, help="evenly spaced test sequences per condition")
     parser.add_argument("--straight", type=float, default=0.1, help="|steering label| below this is a straight")
     args = parser.parse_args()
-    clean = predictions(args.run, args.data, None, args.samples)
-    pred = predictions(args.run, args.data, args.condition, args.samples)
+    model, config = load_run(args.run)  # loaded once, predicted twice: clean and corrupted
+    seeds = parse_seeds(config.test_seeds, "test seeds")
+    clean = condition_predictions(model, config, args.data, seeds, max_samples=args.samples)
+    pred = condition_predictions(model, config, args.data, seeds, corruption=parse_corruptions(args.condition, "--condition")[0],
+                                 max_samples=args.samples)
     threshold = large_error_threshold(clean)[0]
     errors = np.abs(pred.target - pred.mean)[:, 0] > threshold
     straight = np.abs(pred.target[:, 0]) < args.straight

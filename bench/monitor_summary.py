@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.compare_summary import defined
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -69,7 +71,7 @@ def parse_groups(items: list[str]) -> dict[str, list[Path]]:
 
 def mean_std(values: list[float | None]) -> tuple[float, float, int] | None:
     """Mean, std (ddof 0) and count of the defined values; None when none is."""
-    kept = [v for v in values if v is not None and not np.isnan(v)]
+    kept = [v for v in values if defined(v)]
     return (float(np.mean(kept)), float(np.std(kept)), len(kept)) if kept else None
 
 

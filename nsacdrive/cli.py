@@ -523,8 +523,6 @@ def _closed_loop_corruptions(text: str) -> tuple[str, ...]:
     """``--corruption``: ``none`` and suite names as ``parse_corruptions`` reads them (``all``, ``all-3``, ``fog-3``)."""
     from nsacdrive.envs.corruptions import parse_corruptions
 
-    if text.strip() == "all":
-        return tuple(spec.name for spec in parse_corruptions("all"))
     names: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         names.extend([item] if item == "none" else (spec.name for spec in parse_corruptions(item, "--corruption")))
