@@ -8,6 +8,9 @@
 * NSAC's perturbed twins: samples/s with twins for a share of each batch
   (``TrainConfig.twin_fraction``) against twins for all of it, steps alternated pair by pair
   (issue 19's target: NSAC training ≥ 2× at batch 64);
+* the front-camera step: seconds per batch of 32 of ``configs/front-camera.json``'s model (NVIDIA
+  encoder on 66×200 YUV frames, twins for a quarter), the encoder fed channels-last frames (what
+  it does) against the default layout, steps alternated (issue 19's target: ≤ 0.3 s);
 * memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
@@ -40,18 +43,27 @@ TWIN_FRACTIONS = (0.5, 0.25, 0.125)
 TWIN_TARGET = 2.0
 
 
-def training_step(model: str, batch: int, twin_fraction: float = 1.0):
-    """One optimiser step of ``model`` on a fixed random batch, as a callable."""
+FRONT_CAMERA_CONFIG = ROOT / "configs" / "front-camera.json"
+FRONT_CAMERA_TARGET_S = 0.3
+
+
+def training_step(model: str | ModelConfig, batch: int, twin_fraction: float = 1.0, channels_last: bool | None = None):
+    """One optimiser step of ``model`` (a name, or a whole config) on a fixed random batch, as a
+    callable; ``channels_last`` overrides the encoder's frame layout."""
     torch.manual_seed(0)
-    controller = build_controller(ModelConfig(model=model)).train()
+    config = model if isinstance(model, ModelConfig) else ModelConfig(model=model)
+    controller = build_controller(config).train()
+    if channels_last is not None:
+        controller.encoder.CHANNELS_LAST = channels_last
     optimizer = torch.optim.AdamW(controller.parameters(), 1e-3)
-    frames = torch.rand(batch, 4, 3, 84, 96)
+    frames = torch.rand(batch, 4, *config.encoder.frame_shape)
     timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]]).expand(batch, 4)
     target = torch.rand(batch, 3)
+    speeds = torch.rand(batch, 4) if config.speed_input else None
     perturb = make_perturbation("noise", torch.Generator().manual_seed(0), 0.0, 0.2, twin_fraction)
 
     def step() -> None:
-        loss = controller.training_loss(frames, timestamps, target, perturb=perturb)["total"]
+        loss = controller.training_loss(frames, timestamps, target, perturb=perturb, speed=speeds)["total"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -71,6 +83,16 @@ def twin_speedups(batch: int, repeats: int) -> list[dict[str, float]]:
         rows.append({"twin_fraction": fraction, "all_twins_samples_per_s": batch / full,
                      "samples_per_s": batch / part, "speedup": 1 / ratio})
     return rows
+
+
+def front_camera_step(repeats: int) -> dict[str, float]:
+    """Seconds per front-camera training step (batch 32), channels-last frames against the default layout."""
+    settings = json.loads(FRONT_CAMERA_CONFIG.read_text())
+    config = ModelConfig.from_dict(settings["model"])
+    batch, twins = settings["batch_size"], settings.get("twin_fraction", 1.0)
+    default, channels_last, ratio = paired_median_ratio(training_step(config, batch, twins, channels_last=False),
+                                                        training_step(config, batch, twins, channels_last=True), repeats)
+    return {"batch": batch, "default_layout_s": default, "channels_last_s": channels_last, "speedup": 1 / ratio}
 
 
 def control_latency(model: str, repeats: int) -> dict[str, float]:
@@ -125,10 +147,14 @@ def main() -> None:
     print(f"{'twin_fraction':<15}{'all twins samples/s':>21}{'samples/s':>11}{'speedup':>9}")
     for r in twins:
         print(f"{r['twin_fraction']:<15}{r['all_twins_samples_per_s']:>21.0f}{r['samples_per_s']:>11.0f}{r['speedup']:>8.2f}×")
+    front = front_camera_step(repeats + 2)
+    print(f"\nfront-camera training step (configs/front-camera.json, batch {front['batch']}; target ≤ {FRONT_CAMERA_TARGET_S} s): "
+          f"{front['channels_last_s']:.2f} s channels-last, {front['default_layout_s']:.2f} s default layout "
+          f"({front['speedup']:.2f}×)")
     memory = None if args.quick else demo_training_memory()
     if memory is not None:
         print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
-    save_results("training_speed", args.quick, {"models": rows, "nsac_twins": twins, "demo_training_peak_rss_mb": memory})
+    save_results("training_speed", args.quick, {"models": rows, "nsac_twins": twins, "front_camera_step": front, "demo_training_peak_rss_mb": memory})
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from data_fixtures import normalize, write_synthetic
+from float_paths import UNIT_ROUNDOFF, assert_paths_agree, path_rtol
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 from udacity_fixtures import write_recording
@@ -103,6 +104,27 @@ def test_nvidia_encoder_projects_tokens_and_encodes_frames_independently():
     assert not torch.allclose(encoder(changed)[:, 18:], tokens[:, 18:])
     with pytest.raises(ValueError, match=r"frames must have shape \[B, T, 3, 66, 200\]"):
         encoder(torch.zeros(1, 2, 3, 84, 96))
+
+
+def test_nvidia_encoder_channels_last_frames_give_the_default_layouts_tokens_and_gradients():
+    """The layout is a speed choice only: tokens and weight gradients agree with the default (NCHW)
+    layout to the float32 tolerance of the encoder's reduction lengths."""
+    torch.manual_seed(0)
+    fast = NvidiaEncoder(EncoderConfig(kind="nvidia", token_dim=16))
+    plain = NvidiaEncoder(EncoderConfig(kind="nvidia", token_dim=16))
+    plain.load_state_dict(fast.state_dict())
+    plain.CHANNELS_LAST = False
+    assert fast.CHANNELS_LAST
+    frames = torch.randn(3, 2, 3, 66, 200)
+    rtol = path_rtol(fast)
+    tokens_fast, tokens_plain = fast(frames), plain(frames)
+    assert_paths_agree(tokens_fast, tokens_plain, rtol, "tokens")
+    tokens_fast.square().sum().backward()
+    tokens_plain.square().sum().backward()
+    first_fast, first_plain = fast.features[0].weight, plain.features[0].weight
+    assert first_fast.is_contiguous()  # only the frames change layout: the saved weights stay NCHW
+    positions = frames.shape[0] * frames.shape[1] * 31 * 98  # the weight gradient sums over every output cell
+    assert_paths_agree(first_fast.grad, first_plain.grad, 2 * rtol + UNIT_ROUNDOFF * positions, "first convolution's gradient")
 
 
 def test_model_config_pairs_observation_and_encoder():
