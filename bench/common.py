@@ -102,3 +102,9 @@ def print_table(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"\n{title:<{width}}  value\n{'-' * width}  {'-' * 40}")
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+def spread_cell(mean: float, std: float, used: int, seeds: int, digits: int = 2) -> str:
+    """A table cell "mean ± std", naming how many seeds it pools when some had no value."""
+    text = f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return text if used == seeds else f"{text} ({used} of {seeds} seeds)"

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import spread_cell
 from nsacdrive.envs.corruptions import parse_corruptions
 
 #: a corruption that at least multiplies the clean MSE by this is harmful (issue 17)
@@ -134,10 +135,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         cells = [row["model"], str(row["seeds"])]
         for column in COLUMNS:
             value = row[column.header]
-            cell = "" if value is None else f"{value[0]:.{column.digits}f} ± {value[1]:.{column.digits}f}"
-            if value is not None and len(value[2]) < row["seeds"]:  # e.g. no harmful condition for some seeds
-                cell += f" ({len(value[2])} of {row['seeds']} seeds)"
-            cells.append(cell)
+            # fewer seeds than the row's: e.g. no harmful condition for some of them
+            cells.append("" if value is None else spread_cell(value[0], value[1], len(value[2]), row["seeds"], column.digits))
             if column.header == "CRPS":
                 cells.append(row["interval"])
         lines.append("| " + " | ".join(cells) + " |")

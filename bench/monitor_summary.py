@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import spread_cell
 from bench.compare_summary import defined
 
 
@@ -88,10 +89,7 @@ def summarise(results: list[dict[str, Any]], seconds: int) -> dict[str, Any]:
 
 
 def cell(value: tuple[float, float, int] | None, seeds: int) -> str:
-    if value is None:
-        return "–"
-    text = f"{value[0]:.2f} ± {value[1]:.2f}"
-    return text if value[2] == seeds else f"{text} ({value[2]} of {seeds} seeds)"
+    return "–" if value is None else spread_cell(value[0], value[1], value[2], seeds)
 
 
 def model_table(label: str, summary: dict[str, Any]) -> str:
