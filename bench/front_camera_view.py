@@ -63,14 +63,15 @@ def view_at_failure(failure: Failure, cameras: dict[float, FrontCamera], lateral
         return None
     stop = max(int(off_road[0]) - before, 1)
     env = make_udacity_style(colour_preset=failure.colour_preset, render_observations=False, max_episode_steps=len(actions) + 1)
-    env.reset(seed=failure.track_seed)
-    for action in actions[:stop]:
-        env.step(action)
-    world = env.unwrapped
-    palette = FrontCameraPalette.from_scheme(world.colour_scheme)
-    shares = {fov: road_share(camera.render(world), palette) for fov, camera in cameras.items()}
-    env.close()
-    return shares
+    try:
+        env.reset(seed=failure.track_seed)
+        for action in actions[:stop]:
+            env.step(action)
+        world = env.unwrapped
+        palette = FrontCameraPalette.from_scheme(world.colour_scheme)
+        return {fov: road_share(camera.render(world), palette) for fov, camera in cameras.items()}
+    finally:
+        env.close()
 
 
 def main() -> None:
