@@ -2,7 +2,7 @@
 
 A front-camera controller can only steer back to a road it sees. For every failed episode of
 closed-loop evaluations on ``nsacdrive/UdacityStyle-v0`` (``nsacdrive eval`` or ``dagger``
-folders: ``summary.csv`` + ``episodes/*.npz``), this replays the episode's executed actions
+folders: ``episodes/*.json`` + ``*.npz``), this replays the episode's executed actions
 (render-free: the physics is deterministic), stops ``--before`` steps before the first step with
 |lateral error| > ``--lateral``, and draws the centre camera there with each ``--fov``: the share of
 the frame's pixels in the road's colours. A share near zero means the frame no longer holds the
@@ -14,37 +14,23 @@ road, so no imitation of the expert's label could have recovered. Usage::
 from __future__ import annotations
 
 import argparse
-import csv
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from nsacdrive.envs.front_camera import CameraConfig, FrontCamera, FrontCameraPalette
 from nsacdrive.envs.udacity_style import make_udacity_style
+from nsacdrive.eval.results import load_episode, load_records
 
 ROAD_COLOUR_TOLERANCE = 12.0  # RGB distance from a road shade still counted as road (anti-aliased edges)
 OUT_OF_VIEW = 0.01  # road share of the frame below which the road counts as out of view
 
 
-@dataclass(frozen=True)
-class Failure:
-    """One failed episode: where its recording lies and how to rebuild its env."""
-
-    episode: Path
-    track_seed: int
-    colour_preset: str
-
-
-def failures(eval_folder: Path) -> list[Failure]:
-    """The failed front-camera episodes of one closed-loop evaluation folder."""
-    summary = eval_folder / "summary.csv"
-    if not summary.is_file():
-        raise FileNotFoundError(f"{eval_folder}: no summary.csv (expected an `nsacdrive eval` or dagger eval folder)")
-    with summary.open() as handle:
-        rows = [row for row in csv.DictReader(handle) if row["lap_finished"] != "True" and row["corruption"] == "none"]
-    return [Failure(eval_folder / "episodes" / f"{row['episode_id']}.npz", int(row["track_seed"]), row["colour_preset"])
-            for row in rows]
+def failures(eval_folder: Path) -> list[dict[str, Any]]:
+    """Records of the failed, uncorrupted episodes of one closed-loop evaluation folder that have a per-step log."""
+    return [record for record in load_records(eval_folder)
+            if not record["lap_finished"] and not record["failed"] and record["corruption"] == "none"]
 
 
 def road_share(frame: np.ndarray, palette: FrontCameraPalette) -> float:
@@ -54,17 +40,18 @@ def road_share(frame: np.ndarray, palette: FrontCameraPalette) -> float:
     return float((np.linalg.norm(pixels - shades, axis=2).min(axis=1) <= ROAD_COLOUR_TOLERANCE).mean())
 
 
-def view_at_failure(failure: Failure, cameras: dict[float, FrontCamera], lateral: float, before: int) -> dict[float, float] | None:
+def view_at_failure(eval_folder: Path, record: dict[str, Any], cameras: dict[float, FrontCamera], lateral: float,
+                    before: int) -> dict[float, float] | None:
     """Road share per field of view, ``before`` steps before the episode first left the road (None: it never did)."""
-    with np.load(failure.episode) as recording:
-        off_road = np.flatnonzero(np.abs(recording["lateral_error"]) > lateral)
-        actions = recording["executed_action"]
+    _, log = load_episode(eval_folder, record["episode_id"])
+    off_road = np.flatnonzero(np.abs(log["lateral_error"]) > lateral)
+    actions = log["executed_action"]
     if off_road.size == 0:
         return None
     stop = max(int(off_road[0]) - before, 1)
-    env = make_udacity_style(colour_preset=failure.colour_preset, render_observations=False, max_episode_steps=len(actions) + 1)
+    env = make_udacity_style(colour_preset=record["colour_preset"], render_observations=False, max_episode_steps=len(actions) + 1)
     try:
-        env.reset(seed=failure.track_seed)
+        env.reset(seed=record["track_seed"])
         for action in actions[:stop]:
             env.step(action)
         world = env.unwrapped
@@ -85,8 +72,8 @@ def main() -> None:
     cameras = {fov: FrontCamera(CameraConfig(horizontal_fov=fov)) for fov in fovs}
     shares: dict[float, list[float]] = {fov: [] for fov in fovs}
     for folder in args.eval_folders:
-        for failure in failures(folder):
-            view = view_at_failure(failure, cameras, args.lateral, args.before)
+        for record in failures(folder):
+            view = view_at_failure(folder, record, cameras, args.lateral, args.before)
             if view is not None:
                 for fov, share in view.items():
                     shares[fov].append(share)
