@@ -22,7 +22,7 @@ from nsacdrive.controllers.levy import MAX_SHARPNESS
 from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.controllers.objectives import REGULARISERS
-from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, observation_kind
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, camera_fov_for, observation_kind
 
 #: the numbers ModelConfig's numeric fields may take (their types come from the annotations)
 RANGES = {
@@ -68,12 +68,14 @@ class ModelConfig:
     nll_beta: float = 0.0  # β-NLL: weight each action's likelihood term by its variance^β (0 = plain NLL; objectives.py)
     speed_input: bool = False  # add the measured forward speed to every frame token (controllers/controller.py)
     observation: str = DEFAULT_FRAME_KIND  # frames and preprocessing (envs/observation_kinds.py): carracing | udacity
+    camera_fov: float | None = None  # udacity: the front camera's horizontal field of view, degrees (None: the simulator's 65)
 
     def __post_init__(self) -> None:
         check_fields(self, "model config", RANGES)
         kind = observation_kind(self.observation, "model config 'observation'")
         if self.encoder is None:
             object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
+        object.__setattr__(self, "camera_fov", camera_fov_for(kind.name, self.camera_fov, "model config 'camera_fov'"))
         if self.model not in MODEL_NAMES:
             raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
         if self.epistemic_regulariser not in REGULARISERS:

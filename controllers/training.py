@@ -131,7 +131,8 @@ class Trainer:
         if cfg.init_from is not None:
             self._initialise_from(Path(cfg.init_from))
         dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride,
-                          cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets, observation=cfg.model.observation)
+                          cache_episodes=cfg.cache_episodes, colour_presets=cfg.train_presets, observation=cfg.model.observation,
+                          camera_fov=cfg.model.camera_fov)
         self.train_set = SequenceDataset(cfg.data, parse_seeds(cfg.train_seeds, "train seeds"), augment=self._sequence_augment(),
                                          **dataset_kw)
         self.val_set = SequenceDataset(cfg.data, parse_seeds(cfg.val_seeds, "val seeds"), **dataset_kw)

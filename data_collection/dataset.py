@@ -43,6 +43,7 @@ from nsacdrive.data_collection.episode import (
     CAMERA_ARRAYS,
     CAMERA_LABEL_ARRAYS,
     EpisodeFileError,
+    camera_fov_of,
     frame_kind_of,
     load_episode_arrays,
 )
@@ -51,7 +52,7 @@ from nsacdrive.data_collection.frame_store import FrameStore
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.udacity_import import udacity_dataset
 from nsacdrive.envs.car_racing import FPS, INTRO_STEPS  # noqa: F401 (INTRO_STEPS: re-exported for nsacdrive.eval.explain.report)
-from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, ObservationKind, observation_kind
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, ObservationKind, camera_fov_for, observation_kind
 
 UDACITY_PREFIX = "udacity:"
 
@@ -236,7 +237,8 @@ class SequenceDataset(Dataset):
     defaults to that kind's intro steps. ``augment`` (training only) rewrites each sample's raw
     frames and labels with a generator seeded from (:meth:`reseed`'s seed, sample index).
     ``corruption(frame, track seed, step)`` (evaluation) rewrites every raw frame, e.g. a
-    :class:`nsacdrive.envs.corruptions.CorruptionSpec`.
+    :class:`nsacdrive.envs.corruptions.CorruptionSpec`. ``camera_fov`` (``udacity``; None: the
+    default camera) is the front camera every episode must have been recorded with.
     """
 
     def __init__(
@@ -252,8 +254,10 @@ class SequenceDataset(Dataset):
         observation: str = DEFAULT_FRAME_KIND,
         augment: SequenceAugment | None = None,
         corruption: Callable[[np.ndarray, int, int], np.ndarray] | None = None,
+        camera_fov: float | None = None,
     ) -> None:
         self.kind = observation_kind(observation, "SequenceDataset observation")
+        camera_fov = camera_fov_for(observation, camera_fov, "SequenceDataset camera_fov")
         skip_intro = self.kind.intro_steps if skip_intro is None else skip_intro
         if sequence_length < 1 or frame_stride < 1 or skip_intro < 0 or cache_episodes < 1:
             raise DatasetError(
@@ -273,6 +277,10 @@ class SequenceDataset(Dataset):
             if frame_kind_of(record.sidecar) != self.kind.name:
                 raise DatasetError(f"{record.sidecar_path}: holds {frame_kind_of(record.sidecar)} frames, but this dataset reads "
                                    f"{self.kind.name} observations (the model config's 'observation'; Udacity data: --data udacity:DIR)")
+            if camera_fov_of(record.sidecar) != camera_fov:
+                raise DatasetError(f"{record.sidecar_path}: recorded with a {camera_fov_of(record.sidecar):g}° front camera, but this "
+                                   f"dataset reads {camera_fov:g}° frames; set the model config's 'camera_fov' to the recording's "
+                                   "(a controller drives with the camera it was trained on)")
         first_end = skip_intro + (sequence_length - 1) * frame_stride
         index = [
             np.stack([np.full(max(r.n_steps - first_end, 0), i), np.arange(first_end, max(r.n_steps, first_end))], axis=1)

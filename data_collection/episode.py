@@ -53,7 +53,7 @@ import numpy as np
 
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
-from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS
+from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, OBSERVATION_KINDS, camera_fov_for
 
 FORMAT_VERSION = 1
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
@@ -171,6 +171,12 @@ def _check_frame_kind(frame_kind: object, where: Path) -> None:
 def frame_kind_of(sidecar: dict[str, Any]) -> str:
     """The raw frame kind of an episode (sidecars written before the field existed: ``carracing``)."""
     return sidecar.get("frame_kind", DEFAULT_FRAME_KIND)
+
+
+def camera_fov_of(sidecar: dict[str, Any]) -> float | None:
+    """The front camera's horizontal field of view of a ``udacity`` episode (absent: the
+    simulator's default); None for frames without a front camera."""
+    return camera_fov_for(frame_kind_of(sidecar), sidecar.get("camera_fov"), "sidecar field 'camera_fov'")
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:

@@ -44,8 +44,9 @@ from nsacdrive.data_collection.udacity_layout import (
 )
 from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
 from nsacdrive.envs.colours import validate_preset
-from nsacdrive.envs.front_camera import CameraConfig
+from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
 from nsacdrive.envs.observation import PREPROCESS_VERSION
+from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV
 from nsacdrive.envs.state import STATE_FIELDS, shifted_sideways
 from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
 from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
@@ -97,14 +98,13 @@ def recording_renderer(env: str, layout: str, renderer: str | None, where: str,
 
 
 def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: str,
-                       render_mode: str | None = None, side_offset: float = DEFAULT_SIDE_OFFSET) -> gymnasium.Env:
+                       render_mode: str | None = None, camera: CameraConfig = CameraConfig()) -> gymnasium.Env:
     """The env a recording drives: ``udacity-style`` records its side cameras too (in a
-    :class:`SideCameraLog`, ``side_offset`` units to either side); ``carracing`` draws its frames
-    with ``renderer``. ``render_mode``: gymnasium's."""
+    :class:`SideCameraLog`, ``camera.side_offset`` units to either side, all three with ``camera``'s
+    field of view); ``carracing`` draws its frames with ``renderer``. ``render_mode``: gymnasium's."""
     if env == "udacity-style":
         return SideCameraLog(make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_steps,
-                                                side_cameras=True, render_mode=render_mode,
-                                                camera=CameraConfig(side_offset=side_offset)))
+                                                side_cameras=True, render_mode=render_mode, camera=camera))
     return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_steps, renderer=renderer,
                            render_mode=render_mode)
 
@@ -188,6 +188,7 @@ class EpisodeJob:
     mixing: MixingConfig | None = None
     env: str = "carracing"
     side_offset: float = DEFAULT_SIDE_OFFSET  # ``udacity-style``: the side cameras' lateral offset (world units)
+    camera_fov: float = DEFAULT_CAMERA_FOV  # ``udacity-style``: every camera's horizontal field of view (degrees)
     #: how to build the agents the specs name (not part of the episode: the specs are)
     agent_kinds: AgentKinds = field(default=AGENT_KINDS, compare=False, repr=False)
 
@@ -197,12 +198,18 @@ class EpisodeJob:
         mixing = f"_{self.mixing.source}" if self.mixing is not None else ""
         env = f"_{self.env}" if self.env != "carracing" else ""
         env += f"-side{self.side_offset:g}" if self.side_offset != DEFAULT_SIDE_OFFSET else ""
+        env += f"-fov{self.camera_fov:g}" if self.camera_fov != DEFAULT_CAMERA_FOV else ""
         agent = self.agent.replace(":", "-").replace("/", "-")
         return f"{agent}_{self.colour_preset}_seed{self.track_seed:06d}{noise}{mixing}{env}"
 
     def make_env(self) -> gymnasium.Env:
         """The env this job drives (a ``udacity-style`` env records its side cameras too)."""
-        return make_recording_env(self.env, self.colour_preset, self.max_steps, self.renderer, side_offset=self.side_offset)
+        return make_recording_env(self.env, self.colour_preset, self.max_steps, self.renderer, camera=self.camera)
+
+    @property
+    def camera(self) -> CameraConfig:
+        """``udacity-style``: the front cameras this job records with."""
+        return CameraConfig(side_offset=self.side_offset, horizontal_fov=self.camera_fov)
 
 
 def episode_from_steps(
@@ -296,6 +303,7 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     )
     if side_frames is not None:
         metadata["side_offset"] = job.side_offset
+        metadata["camera_fov"] = job.camera_fov
         if getattr(agent, "memoryless", False):
             arrays |= side_camera_labels(agent, steps, job.side_offset)
     return arrays, metadata
@@ -365,6 +373,8 @@ class CollectConfig:
     :param workers: worker processes
     :param side_offset: ``udacity-style``: how far (world units) the side cameras sit to either side;
         with a memoryless expert each side camera gets its own labels (:func:`side_camera_labels`)
+    :param camera_fov: ``udacity-style``: the cameras' horizontal field of view (degrees; a
+        controller trained on these frames drives with the same camera, ``ModelConfig.camera_fov``)
     """
 
     agent: str
@@ -378,15 +388,22 @@ class CollectConfig:
     layout: str = "episodes"
     workers: int = 1
     side_offset: float = DEFAULT_SIDE_OFFSET
+    camera_fov: float = DEFAULT_CAMERA_FOV
 
     #: the settings every episode of one folder shares: they shape an episode without naming it
     #: (agent, seed, preset, noise and env are part of each episode id)
     FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
 
     def __post_init__(self) -> None:
-        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE, "side_offset": POSITIVE})
+        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE, "side_offset": POSITIVE,
+                                              "camera_fov": HORIZONTAL_FOV})
         if self.side_offset != DEFAULT_SIDE_OFFSET and self.env != "udacity-style":
             raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")
+        if self.camera_fov != DEFAULT_CAMERA_FOV and self.env != "udacity-style":
+            raise ValueError(f"collect config camera_fov applies to env 'udacity-style' (its front cameras), got env {self.env!r}")
+        if self.camera_fov != DEFAULT_CAMERA_FOV and self.layout != "episodes":
+            raise ValueError(f"collect config camera_fov needs layout 'episodes' (the {self.layout!r} layout does not record it), "
+                             f"got layout {self.layout!r}")
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")
@@ -398,7 +415,7 @@ class CollectConfig:
     def jobs(self, agent_kinds: AgentKinds = AGENT_KINDS) -> list[EpisodeJob]:
         """One job per (preset, seed), preset-major; ``agent_kinds`` builds the agents in the workers."""
         return [EpisodeJob(self.agent, seed, preset, self.noise, self.max_steps, self.renderer, self.mixing, self.env,
-                           side_offset=self.side_offset, agent_kinds=agent_kinds)
+                           side_offset=self.side_offset, camera_fov=self.camera_fov, agent_kinds=agent_kinds)
                 for preset in self.colour_presets for seed in self.seeds]
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from nsacdrive.common.config_checks import Range
 from nsacdrive.envs.colours import DEFAULT_SCHEME, RGB, ColourScheme, rotate_hue
 from nsacdrive.envs.fast_render import grass_patches
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
@@ -47,6 +48,10 @@ SKY_TOP: RGB = (66.0, 120.0, 196.0)
 SKY_HORIZON: RGB = (178.0, 206.0, 232.0)
 KERB_RED: RGB = (255.0, 0.0, 0.0)
 WHITE: RGB = (255.0, 255.0, 255.0)
+
+
+#: the horizontal fields of view (degrees) a camera may have
+HORIZONTAL_FOV = Range(10.0, 150.0)
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,8 @@ class CameraConfig:
     def __post_init__(self) -> None:
         if self.width < 8 or self.height < 8:
             raise ValueError(f"camera frame must be at least 8×8, got {self.width}×{self.height}")
-        if not 10.0 <= self.horizontal_fov <= 150.0:
-            raise ValueError(f"horizontal_fov must lie in [10, 150] degrees, got {self.horizontal_fov}")
+        if not HORIZONTAL_FOV.contains(self.horizontal_fov):
+            raise ValueError(f"horizontal_fov must lie {HORIZONTAL_FOV} degrees, got {self.horizontal_fov}")
         if self.mount_height <= 0 or self.near <= 0 or self.far <= self.near:
             raise ValueError("need mount_height > 0 and 0 < near < far")
         if not 0.0 <= self.pitch < 60.0:

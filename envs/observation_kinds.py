@@ -14,6 +14,11 @@ Each transform is two steps: ``encode`` (raw → uint8 in the network's layout: 
 store and batches carry) and a scaling ``x / divisor + offset`` (float32, done on the model's
 device by :func:`nsacdrive.data_collection.dataset.network_frames`); ``preprocess`` is both.
 
+Kind ``udacity`` is drawn by a front camera whose horizontal field of view (``camera_fov``,
+degrees) is a setting of the recording (sidecar field ``camera_fov``, absent: the simulator's
+65°) and of the controller trained on it (``ModelConfig.camera_fov``): a controller drives with
+the camera its frames came from (:func:`make_env_for`); ``carracing`` has no such setting.
+
 ``intro_steps`` are skipped at the start of every episode (CarRacing's zoom-in animation; a
 recording has none). Timestamps are one convention for every kind — frames counted at
 CarRacing's 50 Hz (:func:`nsacdrive.data_collection.dataset.sequence_timestamps`) — so the closed-loop
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nsacdrive.envs.car_racing import INTRO_STEPS
+from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
 from nsacdrive.envs.observation import (
     PREPROCESS_VERSION,
     PREPROCESSED_FRAME_SHAPE,
@@ -45,6 +51,8 @@ from nsacdrive.envs.udacity_observation import (
 )
 
 DEFAULT_FRAME_KIND = "carracing"
+#: the front camera's horizontal field of view when a recording or a model config names none
+DEFAULT_CAMERA_FOV = CameraConfig().horizontal_fov
 
 
 @dataclass(frozen=True)
@@ -86,16 +94,34 @@ def preprocess_for(name: str) -> Callable[[np.ndarray], np.ndarray]:
     return observation_kind(name).preprocess
 
 
-def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer: str = "fast"):
+def camera_fov_for(name: str, camera_fov: float | None, what: str) -> float | None:
+    """Kind ``name``'s camera field of view: ``camera_fov`` checked, or the default when None
+    (``udacity``); None for kinds without a front camera, which must not name one. ``what`` names
+    the field or argument in the error."""
+    if observation_kind(name).name != "udacity":
+        if camera_fov is not None:
+            raise ValueError(f"{what}: only observation 'udacity' has a front camera; leave it out for {name!r}")
+        return None
+    if camera_fov is None:
+        return DEFAULT_CAMERA_FOV
+    if not HORIZONTAL_FOV.contains(camera_fov):
+        raise ValueError(f"{what}: the horizontal field of view must be {HORIZONTAL_FOV} degrees, got {camera_fov}")
+    return float(camera_fov)
+
+
+def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer: str = "fast", camera_fov: float | None = None):
     """The env whose camera makes kind ``name``'s raw frames (closed-loop driving of a controller).
 
     ``carracing``: CarRacing with ``renderer`` (fast or stock); ``udacity``: the front-camera
-    simulator (:func:`nsacdrive.envs.udacity_style.make_udacity_style`, which has one renderer of its own)."""
+    simulator (:func:`nsacdrive.envs.udacity_style.make_udacity_style`, which has one renderer of its
+    own) with a ``camera_fov``-degree camera (None: the default)."""
     from nsacdrive.envs.car_racing import make_car_racing
     from nsacdrive.envs.udacity_style import make_udacity_style
 
-    if observation_kind(name).name == "udacity":
+    camera_fov = camera_fov_for(name, camera_fov, "camera_fov")
+    if camera_fov is not None:
         if renderer != "fast":
             raise ValueError(f"--renderer {renderer!r}: the front-camera simulator has its own renderer; use the default")
-        return make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_episode_steps)
+        return make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_episode_steps,
+                                  camera=CameraConfig(horizontal_fov=camera_fov))
     return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_episode_steps, renderer=renderer)

@@ -88,7 +88,8 @@ def calibrate_run(run_dir: str | Path, data: str | Path, max_samples: int | None
 
 def _clean_split(data: str | Path, seeds: list[int], config: TrainConfig, split: str, run_dir: Path) -> SequenceDataset:
     dataset = SequenceDataset(data, seeds, colour_presets=["default"], sequence_length=config.sequence_length,
-                              frame_stride=config.frame_stride, observation=config.model.observation)
+                              frame_stride=config.frame_stride, observation=config.model.observation,
+                              camera_fov=config.model.camera_fov)
     if len(dataset) == 0:
         raise ValueError(f"{data}: no {split} episodes of {run_dir} (tracks {','.join(map(str, seeds))}, default colours)")
     return dataset

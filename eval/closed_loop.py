@@ -210,8 +210,9 @@ class EpisodeDrive:
     done. Any exception (env fault, non-finite action) ends this episode only, as failed.
     """
 
-    def __init__(self, key: EpisodeKey, drive: DriveConfig, observation: str | None) -> None:
-        """``observation``: the controller's observation kind (picks the env), None when it could not be loaded."""
+    def __init__(self, key: EpisodeKey, drive: DriveConfig, interface: ControllerInterface | None) -> None:
+        """``interface``: the controller's (its observation kind and camera pick the env), None when it could not be loaded."""
+        observation = interface.observation if interface is not None else None
         self.key = key
         self.generator = episode_generator(key)
         self.expert = PurePursuitExpert()
@@ -233,7 +234,7 @@ class EpisodeDrive:
         if observation is None:
             return
         try:
-            self.env = make_env_for(observation, key.colour_preset, drive.max_steps, drive.renderer)
+            self.env = make_env_for(observation, key.colour_preset, drive.max_steps, drive.renderer, interface.camera_fov)
             self.observation = self.corrupt(self.env.reset(seed=key.track_seed)[0], key.track_seed, 0)
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
@@ -361,7 +362,7 @@ class LockstepGroup:
     def __init__(self, keys: Sequence[EpisodeKey], drive: DriveConfig, interface: ControllerInterface | None) -> None:
         self.interface = interface
         self.cap = drive.throttle_cap
-        self.drives = [EpisodeDrive(key, drive, interface and interface.observation) for key in keys]
+        self.drives = [EpisodeDrive(key, drive, interface) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
         # heads that do not attend over the frames log NaN attention, runs without a feature density NaN density
         self._no_attention = torch.full((len(keys), interface.frames if interface else 0), float("nan"))

@@ -31,7 +31,7 @@ from nsacdrive.controllers.checkpoint import read_config
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, collect
-from nsacdrive.envs.observation_kinds import observation_kind
+from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV, observation_kind
 from nsacdrive.eval.agent_kinds import AGENT_KINDS
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
@@ -116,9 +116,10 @@ class Dagger:
         cfg = self.config
         mixing = MixingConfig(learner=f"controller:{self.run_dir(k - 1)}", beta=cfg.beta(k), source=f"dagger-round-{k}")
         seeds = round_seeds(self.seed_pool, cfg.episodes_per_round, cfg.seed, k)
-        env = observation_kind(self.init_config.model.observation).env  # the camera the learner was trained on
+        model = self.init_config.model
+        camera_fov = DEFAULT_CAMERA_FOV if model.camera_fov is None else model.camera_fov  # the camera the learner was trained on
         recording = CollectConfig(agent="expert", seeds=seeds, colour_presets=cfg.colour_presets, max_steps=cfg.max_steps,
-                                  mixing=mixing, env=env, workers=cfg.workers)
+                                  mixing=mixing, env=observation_kind(model.observation).env, workers=cfg.workers, camera_fov=camera_fov)
         summary = collect(recording, self.data_dir(k), resume=True, progress=self.progress, agent_kinds=AGENT_KINDS)
         data = ",".join([self.init_config.data] + [str(self.data_dir(j)) for j in range(1, k + 1)])
         train_config = dataclasses.replace(self.init_config, data=data, init_from=str(self.run_dir(k - 1)),

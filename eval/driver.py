@@ -47,6 +47,7 @@ class ControllerInterface:
     observation: str  # the observation kind it reads (nsacdrive.envs.observation_kinds), which picks the env
     speed_input: bool  # whether it reads the measured speed
     frames: int  # frames per prediction (the width of a prediction's attention summary)
+    camera_fov: float | None = None  # udacity: the front camera it was trained with (degrees)
 
 
 class ControllerPolicy:
@@ -76,7 +77,7 @@ class ControllerPolicy:
     @property
     def interface(self) -> ControllerInterface:
         model = self.train_config.model
-        return ControllerInterface(model.model, model.observation, bool(self.model.speed_input), len(self.offsets))
+        return ControllerInterface(model.model, model.observation, bool(self.model.speed_input), len(self.offsets), model.camera_fov)
 
     def reset_episodes(self, episodes: int) -> None:
         """Forget every history and make room for ``episodes`` fresh ones."""

@@ -109,7 +109,8 @@ def condition_predictions(model: torch.nn.Module, config: TrainConfig, data: Pat
                           split: str = "test") -> Predictions:
     """A run's predictions on ``seeds`` recorded under ``preset``, optionally corrupted (ValueError when none are recorded)."""
     dataset = SequenceDataset(data, seeds, colour_presets=[preset], corruption=corruption, sequence_length=config.sequence_length,
-                              frame_stride=config.frame_stride, observation=config.model.observation)
+                              frame_stride=config.frame_stride, observation=config.model.observation,
+                              camera_fov=config.model.camera_fov)
     if len(dataset) == 0:
         raise ValueError(f"{data}: no {split} episodes (seeds {seeds}) with colour preset {preset!r}; "
                          f"record them with `nsacdrive collect --seeds ... --colour-preset {preset}`")

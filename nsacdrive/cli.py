@@ -165,6 +165,7 @@ def collect(
     env: EnvName = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
     layout: Layout = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
     side_offset: float = typer.Option(1.0, "--side-offset", help="--env udacity-style: the side cameras' distance to either side (world units; the car is 2.4 wide, the road ~13). With --layout episodes the expert also labels each side camera's frames as if the car stood there."),
+    camera_fov: float = typer.Option(65.0, "--camera-fov", help="--env udacity-style: every camera's horizontal field of view (degrees, 10–150). A controller trained on these frames drives with the same camera."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     check_output_folder(out)
@@ -181,7 +182,7 @@ def collect(
         config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                                noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
                                renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers,
-                               side_offset=side_offset)
+                               side_offset=side_offset, camera_fov=camera_fov)
         summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
     except SettingsChanged as exc:
         _refuse_changed_settings(exc)

@@ -24,11 +24,13 @@ def tiny_run(folder: Path, model: str = "gmle", seeds: tuple[int, ...] = (0, 1, 
              batches: int = 1, observation: str = "carracing", **model_options: Any) -> Path:
     """Collect 80-step expert episodes on ``seeds`` into ``folder/data`` and train ``folder/run``.
 
-    ``observation``: the camera (``udacity``: the front-camera simulator, read by the NVIDIA encoder)."""
+    ``observation``: the camera (``udacity``: the front-camera simulator, read by the NVIDIA encoder;
+    ``camera_fov`` among ``model_options`` records and trains with a camera of that field of view)."""
     kind = observation_kind(observation)
-    collect(CollectConfig(agent="expert", seeds=list(seeds), max_steps=80, env=kind.env), folder / "data", progress=False)
     encoder = EncoderConfig(kind=kind.default_encoder, token_dim=16, channels=TINY_MODEL["encoder"].channels)
     model_config = ModelConfig(model=model, observation=observation, **{**TINY_MODEL, "encoder": encoder, **model_options})
+    camera = {} if model_config.camera_fov is None else {"camera_fov": model_config.camera_fov}
+    collect(CollectConfig(agent="expert", seeds=list(seeds), max_steps=80, env=kind.env, **camera), folder / "data", progress=False)
     config = TrainConfig(data=str(folder / "data"), model=model_config,
                          train_seeds=split[0], val_seeds=split[1], test_seeds=split[2], batch_size=8, epochs=1,
                          max_batches_per_epoch=batches, max_val_batches=1)

@@ -20,6 +20,7 @@ from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.cli import app
 from nsacdrive.data_collection.dataset import SequenceDataset
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
@@ -312,6 +313,20 @@ def test_the_expert_labels_each_side_camera_as_a_recovery(recordings, tmp_path):
     assert (wide_gap[free] > gap[free]).all()
 
 
+def test_a_wider_camera_records_the_same_drive_and_only_its_datasets_read_it(recordings, tmp_path):
+    """The field of view is a setting of the recording: named in the episode id and sidecar, and a
+    dataset (so a controller) reads only frames of the camera it names."""
+    collect(CollectConfig(agent="expert", seeds=[SEED], max_steps=STEPS, env="udacity-style", camera_fov=90.0), tmp_path, progress=False)
+    wide_sidecar, wide = load_episode_arrays(tmp_path / f"{EPISODE}-fov90.json")
+    sidecar, arrays = load_episode_arrays(recordings[0] / f"{EPISODE}.json")
+    assert (sidecar["camera_fov"], wide_sidecar["camera_fov"]) == (65.0, 90.0)
+    np.testing.assert_array_equal(wide["actions"], arrays["actions"])  # the expert drives from the state, not the frames
+    assert not np.array_equal(wide["observations"], arrays["observations"])
+    with pytest.raises(DatasetError, match=r"recorded with a 65° front camera, but this dataset reads 90° frames; set the model config's 'camera_fov'"):
+        SequenceDataset(recordings[0], observation="udacity", camera_fov=90.0)
+    assert len(SequenceDataset(tmp_path, observation="udacity", camera_fov=90.0)) == len(SequenceDataset(recordings[0], observation="udacity"))
+
+
 def test_training_samples_from_a_side_camera_carry_its_own_labels(recordings):
     def left_camera(cameras, actions, rng, *, camera_actions):
         return cameras["left"], camera_actions["left"]
@@ -330,6 +345,9 @@ def test_training_samples_from_a_side_camera_carry_its_own_labels(recordings):
     [
         ({"side_offset": 2.0}, "side_offset applies to env 'udacity-style'"),
         ({"env": "udacity-style", "side_offset": 0.0}, "side_offset"),
+        ({"camera_fov": 90.0}, "camera_fov applies to env 'udacity-style'"),
+        ({"env": "udacity-style", "camera_fov": 5.0}, r"camera_fov must be in \[10.0, 150.0\], got 5.0"),
+        ({"env": "udacity-style", "layout": "udacity", "camera_fov": 90.0}, "camera_fov needs layout 'episodes'"),
         ({"layout": "udacity"}, "layout 'udacity' needs env 'udacity-style'"),
         ({"env": "udacity-style", "renderer": "stock"}, "draws its own front camera"),
         ({"env": "carla"}, "env: expected one of carracing, udacity-style"),

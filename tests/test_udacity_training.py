@@ -32,7 +32,8 @@ from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.envs.udacity_observation import preprocess_udacity
-from nsacdrive.eval.driver import ControllerAgent
+from nsacdrive.eval.closed_loop import DriveConfig, EpisodeDrive, EpisodeKey
+from nsacdrive.eval.driver import ControllerAgent, ControllerInterface
 from nsacdrive.eval.explain.saliency import GradCamUnavailable, gradcam_layer
 from nsacdrive.eval.offline import evaluate_run
 
@@ -138,6 +139,27 @@ def test_model_config_pairs_observation_and_encoder():
         ModelConfig(observation="carla")
     config = tiny_model("nsac")
     assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_a_front_camera_controller_drives_with_the_camera_it_was_trained_on():
+    """``camera_fov``: the simulator's 65° unless named, only for front cameras; closed-loop episodes
+    are driven in an env whose camera has the controller's field of view."""
+    assert (ModelConfig().camera_fov, ModelConfig(observation="udacity").camera_fov) == (None, 65.0)
+    saved = ModelConfig(observation="udacity").to_dict()
+    del saved["camera_fov"]  # a run saved before the field existed drove the default camera
+    assert ModelConfig.from_dict(saved).camera_fov == 65.0
+    with pytest.raises(ValueError, match="model config 'camera_fov': only observation 'udacity' has a front camera"):
+        ModelConfig(camera_fov=90.0)
+    with pytest.raises(ValueError, match=r"model config 'camera_fov': the horizontal field of view must be in \[10.0, 150.0\] degrees, got 200"):
+        ModelConfig(observation="udacity", camera_fov=200)
+    key = EpisodeKey(run="r", colour_preset="default", track_seed=3, repeat=0)
+    frames = {}
+    for fov in (65.0, 90.0):
+        episode = EpisodeDrive(key, DriveConfig(max_steps=5), ControllerInterface("gmle", "udacity", False, 3, fov))
+        assert episode.env.unwrapped.camera.config.horizontal_fov == fov
+        frames[fov] = episode.observation
+        episode.env.close()
+    assert frames[65.0].shape == frames[90.0].shape and not np.array_equal(frames[65.0], frames[90.0])
 
 
 @pytest.mark.parametrize("model", ALL_MODELS)
