@@ -20,8 +20,8 @@ from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.cli import app
 from nsacdrive.data_collection.dataset import SequenceDataset
-from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.episode import load_episode_arrays
+from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
 from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_PER_UNIT_PER_SECOND
