@@ -25,6 +25,7 @@ from nsacdrive.agents.human import HumanAgent
 from nsacdrive.agents.rollout import Step, drive
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, Range, check_fields
 from nsacdrive.data_collection.recorder import (
+    check_camera_fov,
     episode_from_steps,
     make_recording_env,
     prepare_folder,
@@ -36,12 +37,14 @@ from nsacdrive.data_collection.udacity_layout import MPH_PER_UNIT_PER_SECOND
 from nsacdrive.envs.camera_window import CameraWindow, Readout
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS
 from nsacdrive.envs.colours import validate_preset
+from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
+from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV
 from nsacdrive.envs.udacity_style import FRAME_SHAPE, SideCameraLog
 
 FPS = 50  # CarRacing's own frame rate (the human render ticks at it)
 #: the numbers each field of :class:`HumanDriveConfig` may take (``max_episodes`` may also be None)
 RANGES = {"seed": NON_NEGATIVE, "slow_motion": Range(1), "max_steps": AT_LEAST_ONE, "max_episodes": AT_LEAST_ONE,
-          "window_scale": AT_LEAST_ONE}
+          "window_scale": AT_LEAST_ONE, "camera_fov": HORIZONTAL_FOV}
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class HumanDriveConfig:
     :param layout: one of :data:`nsacdrive.data_collection.recorder.LAYOUTS` (``udacity`` needs ``udacity-style``)
     :param renderer: CarRacing frame renderer (None: ``fast``); ``udacity-style`` draws its own camera
     :param window_scale: magnification of the front-camera window (3: 960×480 for 320×160 frames)
+    :param camera_fov: ``udacity-style``: the cameras' horizontal field of view (degrees)
     """
 
     seed: int = 0
@@ -68,9 +72,11 @@ class HumanDriveConfig:
     layout: str = "episodes"
     renderer: str | None = None
     window_scale: int = 3
+    camera_fov: float = DEFAULT_CAMERA_FOV
 
     def __post_init__(self) -> None:
         check_fields(self, "drive config", RANGES)
+        check_camera_fov(self.env, self.layout, self.camera_fov, "drive config")
         validate_preset(self.colour_preset)
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "drive config"))
 
@@ -120,7 +126,8 @@ class HumanView:
 
 def _make_env(config: HumanDriveConfig) -> gymnasium.Env:
     render_mode = None if config.front_camera else "human"
-    return make_recording_env(config.env, config.colour_preset, config.max_steps, config.renderer, render_mode)
+    return make_recording_env(config.env, config.colour_preset, config.max_steps, config.renderer, render_mode,
+                              CameraConfig(horizontal_fov=config.camera_fov))
 
 
 def _episode_id(config: HumanDriveConfig, seed: int, stamp: str, index: int) -> str:

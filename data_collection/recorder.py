@@ -97,6 +97,17 @@ def recording_renderer(env: str, layout: str, renderer: str | None, where: str,
     return renderer
 
 
+def check_camera_fov(env: str, layout: str, camera_fov: float, where: str) -> None:
+    """A non-default field of view needs the front cameras (``udacity-style``) and a layout that
+    records it (``episodes``); ``where`` names the config in the error."""
+    if camera_fov == DEFAULT_CAMERA_FOV:
+        return
+    if env != "udacity-style":
+        raise ValueError(f"{where} camera_fov applies to env 'udacity-style' (its front cameras), got env {env!r}")
+    if layout != "episodes":
+        raise ValueError(f"{where} camera_fov needs layout 'episodes' (the {layout!r} layout does not record it), got layout {layout!r}")
+
+
 def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: str,
                        render_mode: str | None = None, camera: CameraConfig = CameraConfig()) -> gymnasium.Env:
     """The env a recording drives: ``udacity-style`` records its side cameras too (in a
@@ -277,6 +288,8 @@ def episode_from_steps(
         "preprocess": UDACITY_PREPROCESS_VERSION if front_camera else PREPROCESS_VERSION,
         "python": platform.python_version(),
     }
+    if front_camera:
+        metadata["camera_fov"] = base.camera.config.horizontal_fov
     return arrays, metadata
 
 
@@ -303,7 +316,6 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     )
     if side_frames is not None:
         metadata["side_offset"] = job.side_offset
-        metadata["camera_fov"] = job.camera_fov
         if getattr(agent, "memoryless", False):
             arrays |= side_camera_labels(agent, steps, job.side_offset)
     return arrays, metadata
@@ -399,11 +411,7 @@ class CollectConfig:
                                               "camera_fov": HORIZONTAL_FOV})
         if self.side_offset != DEFAULT_SIDE_OFFSET and self.env != "udacity-style":
             raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")
-        if self.camera_fov != DEFAULT_CAMERA_FOV and self.env != "udacity-style":
-            raise ValueError(f"collect config camera_fov applies to env 'udacity-style' (its front cameras), got env {self.env!r}")
-        if self.camera_fov != DEFAULT_CAMERA_FOV and self.layout != "episodes":
-            raise ValueError(f"collect config camera_fov needs layout 'episodes' (the {self.layout!r} layout does not record it), "
-                             f"got layout {self.layout!r}")
+        check_camera_fov(self.env, self.layout, self.camera_fov, "collect config")
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")

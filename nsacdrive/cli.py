@@ -290,6 +290,7 @@ def human_drive(
     env: EnvName = typer.Option("carracing", "--env", help="carracing (CarRacing's top-down window) or udacity-style (the 320×160 front camera, scaled up; records all three cameras)."),
     layout: Optional[Layout] = typer.Option(None, "--layout", help="With --record: episodes (default, lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
     window_scale: int = typer.Option(3, "--window-scale", min=1, help="Front-camera window magnification (3: 960×480)."),
+    camera_fov: float = typer.Option(65.0, "--camera-fov", help="--env udacity-style: the cameras' horizontal field of view (degrees, 10–150; as for collect)."),
 ) -> None:
     """Play CarRacing with the arrow keys (or a gamepad), top-down or from the front camera; R restarts, Q/Esc quits."""
     if record is not None:
@@ -305,7 +306,7 @@ def human_drive(
             raise ValueError(f"--colour-preset: give one preset, got {colour_preset!r}")
         config = HumanDriveConfig(seed=seed, colour_preset=presets[0], slow_motion=slow_motion, max_steps=max_steps,
                                   max_episodes=episodes, env=env.value, layout=layout.value if layout else "episodes",
-                                  window_scale=window_scale)
+                                  window_scale=window_scale, camera_fov=camera_fov)
         session = record_human(record, config)
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)

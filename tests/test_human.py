@@ -20,6 +20,8 @@ from nsacdrive.data_collection.episode import load_episode_arrays  # noqa: E402
 from nsacdrive.data_collection.human import HumanDriveConfig, record_human  # noqa: E402
 from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, LOG_NAME  # noqa: E402
 from nsacdrive.envs.camera_window import BRAKE, GAS, READOUT_HEIGHT, STEER, CameraWindow, Readout  # noqa: E402
+from nsacdrive.envs.front_camera import CameraConfig  # noqa: E402
+from nsacdrive.envs.udacity_style import make_udacity_style  # noqa: E402
 
 
 @pytest.fixture
@@ -153,11 +155,15 @@ def test_front_camera_session_shows_the_camera_and_records_all_three_cameras(tmp
             out.append(key(pygame.KEYDOWN, pygame.K_ESCAPE))
         return out
 
-    config = HumanDriveConfig(seed=3, max_steps=30, env="udacity-style")
+    config = HumanDriveConfig(seed=3, max_steps=30, env="udacity-style", camera_fov=90.0)
     session = record_human(tmp_path, config, events=events)
     assert session.quit and len(session.written) == 1 and session.written[0].endswith("_udacity-style")
     sidecar, arrays = load_episode_arrays(tmp_path / f"{session.written[0]}.json")
     assert (sidecar["source"], sidecar["frame_kind"], sidecar["renderer"]) == ("human", "udacity", "front-camera")
+    wide = make_udacity_style(camera=CameraConfig(horizontal_fov=90.0))
+    assert sidecar["camera_fov"] == 90.0
+    np.testing.assert_array_equal(arrays["observations"][0], wide.reset(seed=3)[0])  # the player saw the 90° camera
+    wide.close()
     assert sidecar["cameras"] == ["center", "left", "right"] and sidecar["n_steps"] == 30
     for name in ("observations", "left_observations", "right_observations"):
         assert arrays[name].shape == (31, 160, 320, 3)
@@ -197,6 +203,8 @@ def test_drive_command_records_the_udacity_layout_that_the_importer_reads(tmp_pa
         (["--layout", "episodes"], "--layout: only with --record DIR"),
         (["--env", "udacity-style", "--slow-motion", "0.5"], "slow_motion must be >= 1, got 0.5"),
         (["--env", "front"], "'front' is not one of 'carracing', 'udacity-style'"),
+        (["--camera-fov", "90"], "camera_fov applies to env 'udacity-style'"),
+        (["--env", "udacity-style", "--camera-fov", "200"], "camera_fov must be in [10.0, 150.0], got 200"),
         (["--env", "udacity-style", "--layout", "jpeg", "--record", "{out}"], "'jpeg' is not one of 'episodes', 'udacity'"),
     ],
 )
