@@ -13,7 +13,7 @@ import numpy as np
 from nsacdrive.common.atomic import json_safe
 from nsacdrive.common.seeds import format_seeds
 from nsacdrive.data_collection.dataset import load_episode_records
-from nsacdrive.data_collection.episode import frame_kind_of
+from nsacdrive.data_collection.episode import camera_fov_of, frame_kind_of
 from nsacdrive.data_collection.errors import DatasetError
 
 ACTION_NAMES = ("steer", "gas", "brake")
@@ -27,6 +27,7 @@ class DatasetSummary:
     seeds: list[int]
     sources: dict[str, int]
     frame_kinds: dict[str, int]
+    camera_fovs: dict[str, int]  # front-camera episodes per horizontal field of view ("65°": n)
     colour_presets: dict[str, int]
     renderers: dict[str, int]
     agents: dict[str, int]
@@ -49,6 +50,7 @@ class DatasetSummary:
             f"track seeds        {format_seeds(self.seeds)}  ({len(self.seeds)} tracks)",
             f"sources            {_fmt_counts(self.sources)}",
             f"frame kinds        {_fmt_counts(self.frame_kinds)}",
+            *([f"camera FOV         {_fmt_counts(self.camera_fovs)}"] if self.camera_fovs else []),
             f"agents             {_fmt_counts(self.agents)}",
             f"colour presets     {_fmt_counts(self.colour_presets)}",
             f"renderers          {_fmt_counts(self.renderers)}",
@@ -111,6 +113,7 @@ def summarize(root: str | Path, on_error: str = "raise") -> DatasetSummary:
         seeds=sorted({int(r.sidecar["track_seed"]) for r in records}),
         sources=dict(Counter(r.sidecar["source"] for r in records)),
         frame_kinds=dict(Counter(frame_kind_of(r.sidecar) for r in records)),
+        camera_fovs=dict(Counter(f"{fov:g}°" for fov in map(camera_fov_of, (r.sidecar for r in records)) if fov is not None)),
         colour_presets=dict(Counter(r.sidecar["colour_preset"] for r in records)),
         renderers=dict(Counter(r.sidecar.get("renderer", "?") for r in records)),
         agents=dict(Counter(r.sidecar.get("agent_spec", "?") for r in records)),

@@ -140,6 +140,7 @@ def test_data_info_text(cli_dataset):
     assert "colour presets     default (1)\n" in text
     assert "lap finished       0.0%\n" in text
     assert "terminations       time_limit (1)\n" in text
+    assert "camera FOV" not in text  # top-down frames have no front camera
     reward = float(np.sum(arrays["rewards"], dtype=np.float64))
     assert f"episode reward     {reward:.1f} ± 0.0\n" in text
     steer = arrays["actions"][:, 0]

@@ -253,6 +253,7 @@ def test_cli_imports_and_data_info_summarises(tmp_path):
     info = invoke("data", "info", tmp_path / "data")
     assert info.exit_code == 0, info.output
     assert "frame kinds udacity (2)" in normalize(info.output)
+    assert "camera FOV 65° (2)" in normalize(info.output)  # a recording names no camera: the simulator's default
     assert "sources udacity-import (2)" in normalize(info.output)
     assert "episode reward -" in normalize(info.output) and "lap finished -" in normalize(info.output)
     as_json = json.loads(invoke("data", "info", tmp_path / "data", "--json").output)
