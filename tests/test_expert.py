@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from track_fixtures import densified_rectangle
 
 from nsacdrive.agents import PurePursuitConfig, PurePursuitExpert
 from nsacdrive.agents.base import Agent
@@ -23,22 +24,12 @@ from nsacdrive.envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
 # --------------------------------------------------------------------------- synthetic states
 
 
-def loop(width: float = 400.0, height: float = 40.0, step: float = 1.0) -> TrackGeometry:
-    """Counter-clockwise rectangle with a vertex every ``step``: +x along y=0 first."""
-    corners = np.array([[0.0, 0.0], [width, 0.0], [width, height], [0.0, height]])
-    points = []
-    for a, b in zip(corners, np.roll(corners, -1, axis=0)):
-        n = int(round(np.hypot(*(b - a)) / step))
-        points.extend(a + (b - a) * k / n for k in range(n))
-    return TrackGeometry(np.array(points))
-
-
 def circle(radius: float, n: int = 720) -> TrackGeometry:
     theta = np.linspace(0.0, 2 * np.pi, n, endpoint=False)
     return TrackGeometry(radius * np.stack([np.cos(theta), np.sin(theta)], axis=1))
 
 
-LOOP = loop()
+LOOP = densified_rectangle(400.0, 40.0)
 
 
 def make_state(geometry: TrackGeometry, x: float, y: float, direction: float, speed: float = 0.0, **pose) -> PrivilegedState:

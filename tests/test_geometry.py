@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from track_fixtures import densified_rectangle
 
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH, TrackGeometry, wrap_angle
 
@@ -33,16 +34,6 @@ def polygon_arc_length(radius: float, n: int) -> float:
 
 # A long thin loop travelled counter-clockwise: +x along y=0, up at x=100, -x along y=10, down at x=0.
 RECTANGLE = TrackGeometry(np.array([[0.0, 0.0], [100.0, 0.0], [100.0, 10.0], [0.0, 10.0]]))
-
-
-def densified_rectangle(width: float = 200.0, height: float = 20.0, step: float = 1.0) -> TrackGeometry:
-    """The same kind of loop with a vertex every ``step`` units (turns only at the 4 corners)."""
-    corners = np.array([[0.0, 0.0], [width, 0.0], [width, height], [0.0, height]])
-    points = []
-    for a, b in zip(corners, np.roll(corners, -1, axis=0)):
-        n = int(round(np.hypot(*(b - a)) / step))
-        points.extend(a + (b - a) * k / n for k in range(n))
-    return TrackGeometry(np.array(points))
 
 
 def hull_angle_for(direction_angle: float) -> float:
