@@ -294,24 +294,22 @@ def test_steering_right_moves_car_right_of_centreline_with_negative_heading_erro
 # --------------------------------------------------------------------------- PixelJitter
 
 
-def jittered_rollout(seed: int, config: PixelJitterConfig = PixelJitterConfig(), salt: int = 0, steps: int = 3):
-    env = PixelJitter(make_car_racing(), config=config, salt=salt)
+def rollout_frames(env, seed: int, steps: int = 3) -> np.ndarray:
+    """The frames of ``steps`` scripted actions after ``reset(seed)`` (the env is closed)."""
     frame, _ = env.reset(seed=seed)
     frames = [frame]
     for action in action_sequence(steps):
         frames.append(env.step(action)[0])
     env.close()
     return np.stack(frames)
+
+
+def jittered_rollout(seed: int, config: PixelJitterConfig = PixelJitterConfig(), salt: int = 0, steps: int = 3):
+    return rollout_frames(PixelJitter(make_car_racing(), config=config, salt=salt), seed, steps)
 
 
 def clean_rollout(seed: int, steps: int = 3):
-    env = make_car_racing()
-    frame, _ = env.reset(seed=seed)
-    frames = [frame]
-    for action in action_sequence(steps):
-        frames.append(env.step(action)[0])
-    env.close()
-    return np.stack(frames)
+    return rollout_frames(make_car_racing(), seed, steps)
 
 
 def test_pixel_jitter_changes_frames_and_keeps_dtype_and_shape():
