@@ -34,6 +34,10 @@ RANGES = {
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
 }
+#: settings of the loss and of the MC draws that shape no weight: a run may start from another's
+#: weights (``init_from``) with other values of these, e.g. to fine-tune with β-NLL
+OBJECTIVE_FIELDS = ("train_samples", "predict_samples", "lambda_reg", "epistemic_regulariser", "epistemic_margin",
+                    "evidential_coeff", "nll_beta")
 #: heads that can train the censored pedal likelihood
 CENSORED_MODELS = ("nsac", "gmle")
 #: heads whose loss is not a Gaussian likelihood, so β-NLL has nothing to weight
@@ -95,6 +99,10 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def architecture(self) -> dict[str, Any]:
+        """The settings that define the weights and how they act: all but :data:`OBJECTIVE_FIELDS`."""
+        return {name: value for name, value in self.to_dict().items() if name not in OBJECTIVE_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":

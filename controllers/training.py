@@ -151,11 +151,13 @@ class Trainer:
         return self.model if self.average is None else self.average.module
 
     def _initialise_from(self, run_dir: Path) -> None:
-        """Start from another run's best weights; its architecture must be this run's."""
-        source = ModelConfig.from_dict(read_config(run_dir)["model"])
-        if source != self.config.model:
-            raise CheckpointError(f"init_from {run_dir}: its model config {source.to_dict()} differs from this run's "
-                                  f"{self.config.model.to_dict()}")
+        """Start from another run's best weights; its architecture must be this run's (the loss's
+        settings, :data:`nsacdrive.controllers.model_config.OBJECTIVE_FIELDS`, may differ)."""
+        source, own = ModelConfig.from_dict(read_config(run_dir)["model"]).architecture(), self.config.model.architecture()
+        differing = {name: (source[name], own[name]) for name in own if source[name] != own[name]}
+        if differing:
+            raise CheckpointError(f"init_from {run_dir}: its model differs from this run's in "
+                                  + ", ".join(f"{name} ({theirs} there, {ours} here)" for name, (theirs, ours) in differing.items()))
         load_weights(self.model, run_dir / WEIGHTS_FILE)
 
     def _sequence_augment(self) -> SequenceAugment | None:

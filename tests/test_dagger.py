@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from run_fixtures import tiny_run
+from safetensors.torch import load_file
 
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
@@ -91,13 +93,17 @@ def bc_run(tmp_path_factory):
     return tiny_run(tmp_path_factory.mktemp("dagger"), seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), batches=2)
 
 
-def test_init_from_another_architecture_is_refused(bc_run, tmp_path):
-    config = TrainConfig.from_dict(json.loads((bc_run / "config.json").read_text()))
-    wider = ModelConfig.from_dict({**config.model.to_dict(), "d_model": 32})
+def test_init_from_another_architecture_is_refused_another_loss_is_not(bc_run, tmp_path):
     import dataclasses
 
-    with pytest.raises(CheckpointError, match="differs"):
+    config = TrainConfig.from_dict(json.loads((bc_run / "config.json").read_text()))
+    wider = ModelConfig.from_dict({**config.model.to_dict(), "d_model": 32})
+    with pytest.raises(CheckpointError, match=r"its model differs from this run's in d_model \(16 there, 32 here\)$"):
         Trainer(dataclasses.replace(config, model=wider, init_from=str(bc_run)), tmp_path / "run", progress=False)
+    beta_nll = dataclasses.replace(config.model, nll_beta=0.5)  # the loss's weighting shapes no weight
+    trainer = Trainer(dataclasses.replace(config, model=beta_nll, init_from=str(bc_run)), tmp_path / "beta", progress=False)
+    start, state = load_file(bc_run / "model.safetensors"), trainer.model.state_dict()
+    assert start and all(torch.equal(state[name], value) for name, value in start.items())
 
 
 def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run, tmp_path):
