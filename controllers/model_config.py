@@ -22,6 +22,7 @@ from nsacdrive.controllers.levy import MAX_SHARPNESS
 from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.controllers.objectives import REGULARISERS
+from nsacdrive.envs.front_camera import HORIZONTAL_FOV
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, camera_fov_for, observation_kind
 
 #: the numbers ModelConfig's numeric fields may take (their types come from the annotations)
@@ -33,6 +34,7 @@ RANGES = {
     "levy_sharpness": Range(0, MAX_SHARPNESS, low_open=True),
     "dropout": Range(0, 1, high_open=True),
     "nll_beta": UNIT_INTERVAL,
+    "camera_fov": HORIZONTAL_FOV,
 }
 #: settings of the loss and of the MC draws that shape no weight: a run may start from another's
 #: weights (``init_from``) with other values of these, e.g. to fine-tune with β-NLL

@@ -45,7 +45,8 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
                   "early_stopping_patience": 0, "grad_clip": 0, "perturb_std": -0.1, "twin_fraction": 0.0, "ema_decay": 1.0, "cache_episodes": 0, "seed": -1},
     ModelConfig: {"d_model": 0, "num_heads": 0, "topk": 0, "bn_std": -1.0, "train_samples": 0, "predict_samples": 0,
                   "lambda_reg": -0.5, "epistemic_margin": -0.05, "dropout": 1.0, "nll_beta": 1.5, "members": 0, "evidential_coeff": -0.01, "sde_depth": 0,
-                  "sde_sigma_max": -0.5, "levy_frames": 0, "levy_window": 0.0, "levy_sharpness": 60.0},
+                  "sde_sigma_max": -0.5, "levy_frames": 0, "levy_window": 0.0, "levy_sharpness": 60.0,
+                  "camera_fov": 5.0},
     EncoderConfig: {"token_dim": 0, "channels": (8, 16, 0)},
     AugmentConfig: {"probability": 1.5, "hue": -1.0, "saturation": -0.4, "contrast": -0.3, "brightness": -0.15, "channel_gain": -0.1,
                     "recolour": 1.5},
@@ -53,8 +54,8 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
                            "steer_per_pixel": -0.002, "shadow_lightness": (-0.2, 0.5), "brightness": (-0.8, 1.2)},
     NSACConfig: {"input_dim": 0, "topk": 0, "output_dim": 0, "bn_std": -1.0, "sparsity": 1.5, "wiring_seed": -1, "tau_epsilon": 0.0, "dropout": 1.0},
     NACConfig: {"input_dim": 0, "topk": 0, "sparsity": -0.5, "wiring_seed": -1, "tau_epsilon": -1e-6, "dropout": -0.1},
-    CollectConfig: {"max_steps": 0, "workers": 0, "side_offset": 0.0},
-    HumanDriveConfig: {"seed": -1, "slow_motion": 0.5, "max_steps": 0, "max_episodes": 0, "window_scale": 0},
+    CollectConfig: {"max_steps": 0, "workers": 0, "side_offset": 0.0, "camera_fov": 5.0},
+    HumanDriveConfig: {"seed": -1, "slow_motion": 0.5, "max_steps": 0, "max_episodes": 0, "window_scale": 0, "camera_fov": 160.0},
 }
 #: numeric fields without a range (any finite value is meaningful)
 UNBOUNDED = {(TrainConfig, "perturb_mean"), (NSACConfig, "bn_mean"), (NSACConfig, "a0"),
