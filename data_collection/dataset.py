@@ -277,8 +277,9 @@ class SequenceDataset(Dataset):
             if frame_kind_of(record.sidecar) != self.kind.name:
                 raise DatasetError(f"{record.sidecar_path}: holds {frame_kind_of(record.sidecar)} frames, but this dataset reads "
                                    f"{self.kind.name} observations (the model config's 'observation'; Udacity data: --data udacity:DIR)")
-            if camera_fov_of(record.sidecar) != camera_fov:
-                raise DatasetError(f"{record.sidecar_path}: recorded with a {camera_fov_of(record.sidecar):g}° front camera, but this "
+            recorded_fov = camera_fov_of(record.sidecar)
+            if recorded_fov != camera_fov:
+                raise DatasetError(f"{record.sidecar_path}: recorded with a {recorded_fov:g}° front camera, but this "
                                    f"dataset reads {camera_fov:g}° frames; set the model config's 'camera_fov' to the recording's "
                                    "(a controller drives with the camera it was trained on)")
         first_end = skip_intro + (sequence_length - 1) * frame_stride
