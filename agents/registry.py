@@ -2,7 +2,7 @@
 
 A spec is a short string, so it can be stored in sidecars; an :class:`AgentKinds` table says
 which factory builds each kind. This layer fills :data:`AGENT_KINDS` with its own kinds:
-``expert`` (the tuned pure-pursuit teacher; ``expert:smooth`` its smooth variant) and ``ppo:DIR``
+``expert`` (the tuned pure-pursuit teacher; ``expert:smooth`` and ``expert:gentle`` its variants) and ``ppo:DIR``
 (a model trained by ``nsacdrive expert train``, :class:`nsacdrive.agents.ppo.PPOAgent`). A layer above adds its kinds with
 :meth:`AgentKinds.with_kind` (evaluation adds ``controller:RUN``) and hands its table to whatever
 builds agents. Tables travel inside the jobs sent to worker processes and their factories are
@@ -23,7 +23,8 @@ from nsacdrive.agents.expert import PurePursuitConfig, PurePursuitExpert
 AgentFactory = Callable[[str], Agent]
 
 #: The pure-pursuit configs ``expert[:VARIANT]`` names (the bare spec is the default teacher).
-EXPERT_CONFIGS: dict[str, Callable[[], PurePursuitConfig]] = {"": PurePursuitConfig, "smooth": PurePursuitConfig.smooth}
+EXPERT_CONFIGS: dict[str, Callable[[], PurePursuitConfig]] = {"": PurePursuitConfig, "smooth": PurePursuitConfig.smooth,
+                                                               "gentle": PurePursuitConfig.gentle}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class AgentKinds:
 
 def expert_agent(variant: str) -> Agent:
     """``expert``: the tuned pure-pursuit teacher; ``expert:smooth``: its smooth variant
-    (:meth:`PurePursuitConfig.smooth`)."""
+    (:meth:`PurePursuitConfig.smooth`); ``expert:gentle``: its gentle-braking variant
+    (:meth:`PurePursuitConfig.gentle`)."""
     if variant not in EXPERT_CONFIGS:
         expected = ", ".join(f"expert:{name}" if name else "expert" for name in EXPERT_CONFIGS)
         raise ValueError(f"--agent: unknown expert variant {variant!r}; expected one of {expected}")

@@ -1,4 +1,7 @@
-"""How smooth the pure-pursuit teacher's steering labels are: ``expert`` against ``expert:smooth``.
+"""How smooth the pure-pursuit teachers' labels are: ``expert``, ``expert:smooth``, ``expert:gentle``.
+
+Steering (the smooth teacher's lever) and braking (the gentle teacher's: a long light brake
+instead of a rare hard one).
 
 Render-free, one process. Labels are recorded on tracks 0–27 as ``make demo`` collects them:
 clean, and with executed-action noise σ = 0.2 (noise stream seeded like ``nsacdrive collect``,
@@ -31,8 +34,10 @@ from nsacdrive.envs.car_racing import make_car_racing  # noqa: E402
 from nsacdrive.envs.state import PrivilegedState  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHERS = ("expert", "expert:smooth")
+TEACHERS = ("expert", "expert:smooth", "expert:gentle")
 WHEEL_LOCK = 0.4  # rad: the front wheel joints stop here, so any |steer| >= 0.4 is full lock
+BRAKING = 0.05  # brake labels above this count as braking
+FULL_BRAKE = 0.8  # the teachers' brake saturates at 0.85
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class WanderingLearner:
 @dataclass(frozen=True)
 class LabelledEpisode:
     steer: np.ndarray  # the teacher's steering label at every step
+    brake: np.ndarray  # and its brake label
     score: float
     lap_finished: bool
     mean_abs_lateral_error: float
@@ -93,9 +99,10 @@ def record(spec: str, seeds: list[int], condition: Condition) -> list[LabelledEp
         beta = condition.learner_beta if learner is not None else 1.0
         steps = list(drive(env, teacher, seed, condition.noise_sigma, rng, learner, beta))
         steer = np.array([step.label[0] for step in steps])
+        brake = np.array([step.label[2] for step in steps])
         lap_finished = bool(steps[-1].info.get("lap_finished", False))
         lateral = float(np.mean([abs(step.state.lateral_error) for step in steps]))
-        episodes.append(LabelledEpisode(steer, sum(step.reward for step in steps), lap_finished, lateral))
+        episodes.append(LabelledEpisode(steer, brake, sum(step.reward for step in steps), lap_finished, lateral))
     env.close()
     return episodes
 
@@ -106,6 +113,8 @@ def smoothness(episodes: list[LabelledEpisode]) -> dict[str, float]:
     steer = np.concatenate(steers)
     change = np.abs(np.concatenate([np.diff(s) for s in steers]))
     flips = sum(int(np.sum(s[1:] * s[:-1] < 0)) for s in steers)
+    brake = np.concatenate([e.brake for e in episodes])
+    braking = brake > BRAKING
     return {
         "mean_abs_change": float(change.mean()),
         "p99_abs_change": float(np.percentile(change, 99)),
@@ -114,6 +123,9 @@ def smoothness(episodes: list[LabelledEpisode]) -> dict[str, float]:
         "saturated_pct": float(100 * np.mean(np.abs(steer) >= 0.999)),
         "wheel_lock_pct": float(100 * np.mean(np.abs(steer) >= WHEEL_LOCK)),
         "sign_flips_per_100": float(100 * flips / len(steer)),
+        "braking_pct": float(100 * np.mean(braking)),
+        "mean_brake_while_braking": float(brake[braking].mean()) if braking.any() else 0.0,
+        "full_brake_pct": float(100 * np.mean(brake >= FULL_BRAKE)),
         "score_mean": float(np.mean([e.score for e in episodes])),
         "lap_finished_pct": float(100 * np.mean([e.lap_finished for e in episodes])),
         "mean_abs_lateral_error": float(np.mean([e.mean_abs_lateral_error for e in episodes])),
@@ -128,6 +140,9 @@ ROWS = (
     ("steps with |steer| = 1", "saturated_pct", "{:.2f}%"),
     ("steps with |steer| >= 0.4 (full lock)", "wheel_lock_pct", "{:.2f}%"),
     ("steer sign flips per 100 steps", "sign_flips_per_100", "{:.2f}"),
+    (f"steps braking (brake > {BRAKING})", "braking_pct", "{:.1f}%"),
+    ("mean brake while braking", "mean_brake_while_braking", "{:.2f}"),
+    (f"steps at full brake (>= {FULL_BRAKE})", "full_brake_pct", "{:.2f}%"),
     ("score mean", "score_mean", "{:.1f}"),
     ("lap finished", "lap_finished_pct", "{:.0f}%"),
     ("mean |lateral error|", "mean_abs_lateral_error", "{:.2f}"),

@@ -41,6 +41,7 @@ class DaggerConfig:
     """Everything a DAgger run depends on (saved as ``dagger.json``)."""
 
     init: str  # the behaviour-cloned run every round starts from (round 0)
+    expert: str = "expert"  # the agent spec that labels the visited states (the teacher of the init run's data)
     rounds: int = 3
     episodes_per_round: int = 16
     beta0: float = 0.5
@@ -93,6 +94,7 @@ class Dagger:
             raise ValueError(f"--init {config.init}: its training seeds are 'auto'; pass --seeds explicitly")
         self.seed_pool = sorted(parse_seeds(seeds, "--seeds"))
         held_out = set(parse_seeds(self.init_config.val_seeds, "val seeds")) | set(parse_seeds(self.init_config.test_seeds, "test seeds"))
+        AGENT_KINDS.make(config.expert)  # fail fast on a bad teacher spec
         if Path(config.init).name.startswith("round-"):
             raise ValueError(f"--init {config.init}: rename the run folder; 'round-k' names are DAgger's own")
         if held_out & set(self.seed_pool):
@@ -118,7 +120,7 @@ class Dagger:
         seeds = round_seeds(self.seed_pool, cfg.episodes_per_round, cfg.seed, k)
         model = self.init_config.model
         camera_fov = DEFAULT_CAMERA_FOV if model.camera_fov is None else model.camera_fov  # the camera the learner was trained on
-        recording = CollectConfig(agent="expert", seeds=seeds, colour_presets=cfg.colour_presets, max_steps=cfg.max_steps,
+        recording = CollectConfig(agent=cfg.expert, seeds=seeds, colour_presets=cfg.colour_presets, max_steps=cfg.max_steps,
                                   mixing=mixing, env=observation_kind(model.observation).env, workers=cfg.workers, camera_fov=camera_fov)
         summary = collect(recording, self.data_dir(k), resume=True, progress=self.progress, agent_kinds=AGENT_KINDS)
         data = ",".join([self.init_config.data] + [str(self.data_dir(j)) for j in range(1, k + 1)])

@@ -688,6 +688,7 @@ def report(
 def dagger(
     init: Path = typer.Option(..., "--init", help="Behaviour-cloned run folder every round starts from (round 0)."),
     out: Path = typer.Option(..., "--out", help="DAgger folder: dagger.json, data/round-k, runs/round-k, report.json."),
+    expert: str = typer.Option("expert", "--expert", help="Agent spec that labels the learner's states: the teacher of the init run's data (expert, expert:smooth, expert:gentle, ppo:DIR)."),
     rounds: int = typer.Option(3, "--rounds", min=1),
     episodes_per_round: int = typer.Option(16, "--episodes-per-round", min=1, help="Training tracks driven per round (per colour preset)."),
     beta0: float = typer.Option(0.5, "--beta0", min=0.0, max=1.0, help="β of round 1: probability that the expert drives a step."),
@@ -709,7 +710,7 @@ def dagger(
     from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
     try:
-        config = DaggerConfig(init=str(init), rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
+        config = DaggerConfig(init=str(init), expert=expert, rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
                               beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),
                               epochs_per_round=epochs_per_round, lr=lr, max_steps=max_steps,
                               max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,

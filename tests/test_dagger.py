@@ -142,14 +142,15 @@ def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run
 
 def test_a_front_camera_learner_is_driven_in_the_front_camera_simulator(tmp_path):
     """A controller trained on front-camera frames collects its rounds where it can see: udacity-style,
-    with the camera (field of view) it was trained on."""
+    with the camera (field of view) it was trained on, labelled by the teacher the config names."""
     run = tiny_run(tmp_path / "bc", seeds=(0, 1, 2, 3), split=("0-1", "2", "3"), observation="udacity", camera_fov=90.0)
-    config = DaggerConfig(init=str(run), rounds=1, episodes_per_round=1, epochs_per_round=1, max_steps=40,
-                          max_batches_per_epoch=1, workers=1)
+    config = DaggerConfig(init=str(run), expert="expert:gentle", rounds=1, episodes_per_round=1, epochs_per_round=1,
+                          max_steps=40, max_batches_per_epoch=1, workers=1)
     Dagger(config, tmp_path / "dagger", progress=False).run()
     (record,) = load_episode_records(tmp_path / "dagger" / "data" / "round-1", None, "raise")
     assert (record.sidecar["frame_kind"], record.sidecar["camera_fov"]) == ("udacity", 90.0)
     assert record.sidecar_path.stem.endswith("-fov90")
+    assert record.sidecar["agent_spec"] == "expert:gentle" and record.sidecar["agent"]["brake_accel"] == 30.0
     frames = np.load(record.sidecar_path.with_suffix(".npz"))["observations"]
     assert frames.shape[1:] == (160, 320, 3)
 
@@ -157,6 +158,12 @@ def test_a_front_camera_learner_is_driven_in_the_front_camera_simulator(tmp_path
 def test_dagger_config_rejects_a_non_positive_learning_rate():
     with pytest.raises(ValueError, match="lr must be > 0"):
         DaggerConfig(init="runs/x", lr=0.0)
+
+
+def test_dagger_names_a_bad_teacher_spec_before_driving(bc_run, tmp_path):
+    with pytest.raises(ValueError, match="unknown expert variant 'fast'"):
+        Dagger(DaggerConfig(init=str(bc_run), expert="expert:fast"), tmp_path)
+    assert not any(tmp_path.iterdir())
 
 
 def test_dagger_refuses_round_tracks_that_overlap_held_out_ones(bc_run, tmp_path):

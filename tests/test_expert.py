@@ -193,11 +193,33 @@ def test_lookahead_grows_with_lateral_error_so_recoveries_aim_further_ahead():
     assert steer_of(on_line, near_aim) == steer_of(on_line, SMOOTH)
 
 
-def test_expert_smooth_spec_builds_the_smooth_teacher_and_unknown_variants_are_named():
+def test_expert_variant_specs_build_their_teachers_and_unknown_variants_are_named():
     assert make_agent("expert").cfg == PurePursuitConfig()
     assert make_agent("expert:smooth").cfg == PurePursuitConfig.smooth()
-    with pytest.raises(ValueError, match=r"unknown expert variant 'fast'.*expert, expert:smooth"):
+    assert make_agent("expert:gentle").cfg == PurePursuitConfig.gentle()
+    with pytest.raises(ValueError, match=r"unknown expert variant 'fast'.*expert, expert:smooth, expert:gentle"):
         make_agent("expert:fast")
+
+
+# --------------------------------------------------------------------------- the gentle-braking teacher
+
+
+def test_gentle_teacher_brakes_earlier_and_lighter_for_the_same_corner_speed():
+    default, gentle = PurePursuitExpert(), PurePursuitExpert(PurePursuitConfig.gentle())
+    xs = np.arange(250.0, 400.0, 1.0)  # along LOOP's first straight, towards its corner at x = 400
+    states = [make_state(LOOP, x, 0.0, direction=0.0, speed=80.0) for x in xs]
+    plan_default = np.array([default.target_speed(s) for s in states])
+    plan_gentle = np.array([gentle.target_speed(s) for s in states])
+    assert np.all(plan_gentle <= plan_default)
+    # the same corner speed: in the corner, neither plan has distance left to brake over
+    corner = make_state(LOOP, 399.0, 0.0, direction=0.0, speed=40.0)
+    assert gentle.target_speed(corner) == pytest.approx(default.target_speed(corner), rel=1e-6)
+    # at 80 units/s the gentle teacher starts braking further from the corner
+    brake_default = np.array([default.act(BLANK, s)[2] for s in states])
+    brake_gentle = np.array([gentle.act(BLANK, s)[2] for s in states])
+    first_brake = lambda brake: xs[np.argmax(brake > 0)]  # noqa: E731
+    assert first_brake(brake_gentle) < first_brake(brake_default) - 20.0
+    assert np.count_nonzero(brake_gentle) > np.count_nonzero(brake_default)
 
 
 # --------------------------------------------------------------------------- agent contract and purity
@@ -228,7 +250,8 @@ def test_config_validation():
         PurePursuitConfig(lookahead_per_lateral=-1.0)
 
 
-TEACHERS = pytest.mark.parametrize("config", [PurePursuitConfig(), PurePursuitConfig.smooth()], ids=["default", "smooth"])
+TEACHERS = pytest.mark.parametrize("config", [PurePursuitConfig(), PurePursuitConfig.smooth(), PurePursuitConfig.gentle()],
+                                   ids=["default", "smooth", "gentle"])
 
 
 @TEACHERS
