@@ -15,7 +15,9 @@ goes on.
 Action post-processing (documented once): the executed action is the predictive mean clipped
 to the action box; with ``DriveConfig.throttle_cap=c`` the gas is additionally scaled by
 min(1, c / σ_steer), σ_steer the predictive steering std, so the car slows down when it is
-unsure where to steer.
+unsure where to steer; with ``DriveConfig.pedal_caution=k`` the pedals act on the cautious end
+of their predictive intervals, gas − k·σ_gas and brake + k·σ_brake (clipped to the box), so the
+car brakes where it is unsure whether the teacher would.
 
 Aggregates per (model, preset): success rate (lap finished) as mean ± std over evaluation runs
 (``EvalConfig.repeats``; each pools ``trials`` episodes per track and preset), the
@@ -88,6 +90,8 @@ class DriveConfig:
     :param max_steps: episode horizon (1000 = CarRacing standard)
     :param samples: draws per prediction; None: the model's own ``predict_samples``
     :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
+    :param pedal_caution: k ≥ 0: execute gas − k·σ_gas and brake + k·σ_brake (predictive stds),
+        clipped to the box; None: the pedals' means
     :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
     :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
     :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
@@ -103,6 +107,7 @@ class DriveConfig:
     max_steps: int = MAX_EPISODE_STEPS
     samples: int | None = None
     throttle_cap: float | None = None
+    pedal_caution: float | None = None
     renderer: str = "fast"
     raw: bool = False
     monitor_score: str | None = None
@@ -121,6 +126,8 @@ class DriveConfig:
             raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
         if self.throttle_cap is not None and not self.throttle_cap >= 0:
             raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
+        if self.pedal_caution is not None and not self.pedal_caution >= 0:
+            raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
         try:
             torch.device(self.device)
         except RuntimeError:
@@ -180,6 +187,21 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
     capped = action.copy()
     capped[1] *= cap / steer_std
     return capped
+
+
+def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None) -> np.ndarray:
+    """Gas at its lower and brake at its upper k-σ bound, clipped to [0, 1] (no-op when caution is None).
+
+    ``std``: the predictive std of (steer, gas, brake). Where the teacher sometimes brakes hard
+    and sometimes not, a Gaussian head predicts a small mean brake with a wide spread; acting on
+    the spread brakes there, while on a clear straight (small σ) the action hardly changes.
+    """
+    if caution is None:
+        return action
+    cautious = action.copy()
+    cautious[1] = np.clip(action[1] - caution * std[1], 0.0, 1.0)
+    cautious[2] = np.clip(action[2] + caution * std[2], 0.0, 1.0)
+    return cautious
 
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",
@@ -252,8 +274,8 @@ class EpisodeDrive:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.traceback = traceback.format_exc()
 
-    def step(self, prediction: UncertainPrediction, row: int, steer_std: float, cap: float | None) -> None:
-        """Act on row ``row`` of the group's prediction (``steer_std``: its predictive steering std)
+    def step(self, prediction: UncertainPrediction, row: int, std: np.ndarray) -> None:
+        """Act on row ``row`` of the group's prediction (``std``: its predictive std per action)
         and advance the env one step."""
         try:
             mean = prediction.mean[row]
@@ -263,7 +285,7 @@ class EpisodeDrive:
             state, log = self.state, self.log
             expert_action = self.expert.act(self.observation, state)
             score, active = self.watch(prediction, row)
-            executed = throttle_cap(action, steer_std, cap)
+            executed = cautious_pedals(throttle_cap(action, float(std[0]), self.drive.throttle_cap), std, self.drive.pedal_caution)
             if active:
                 executed = self.fall_back(executed, expert_action)
             log["raw_action"].append(mean.numpy())
@@ -361,7 +383,6 @@ class LockstepGroup:
 
     def __init__(self, keys: Sequence[EpisodeKey], drive: DriveConfig, interface: ControllerInterface | None) -> None:
         self.interface = interface
-        self.cap = drive.throttle_cap
         self.drives = [EpisodeDrive(key, drive, interface) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
         # heads that do not attend over the frames log NaN attention, runs without a feature density NaN density
@@ -389,10 +410,10 @@ class LockstepGroup:
             prediction.attention = self._no_attention
         if prediction.density is None:
             prediction.density = self._no_density
-        steer_std = torch.sqrt(prediction.total[:, 0]).tolist()  # once for the group, not once per row
+        std = torch.sqrt(prediction.total).numpy()  # once for the group, not once per row
         for row, drive in enumerate(self.drives):
             if drive.running:
-                drive.step(prediction, row, steer_std[row], self.cap)
+                drive.step(prediction, row, std[row])
 
     def fail(self, exc: Exception) -> None:
         """A fault of the controller call: every running episode fails with it."""

@@ -33,7 +33,14 @@ from matplotlib.figure import Figure
 from nsacdrive.common.atomic import atomic_path
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
-from nsacdrive.eval.results import condition_label, group_label, load_aggregates, load_episode, load_records
+from nsacdrive.eval.results import (
+    condition_label,
+    describe_action_settings,
+    group_label,
+    load_aggregates,
+    load_episode,
+    load_records,
+)
 
 ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LIMITS = ((-1.0, 1.0), (0.0, 1.0), (0.0, 1.0))
@@ -226,9 +233,7 @@ def evaluation_figure(settings: dict[str, Any], records: list[dict[str, Any]], t
     success_ax.legend(fontsize=8)
     score_ax.axhline(900, color="black", linewidth=0.8, linestyle=":")
     score_ax.set_ylabel("episode score (dotted: 900)")
-    cap = settings["throttle_cap"]
-    fig.suptitle(f"{title}: {len(records)} episodes, max {settings['max_steps']} steps, "
-                 + ("no throttle cap" if cap is None else f"throttle cap {cap}"))
+    fig.suptitle(f"{title}: {len(records)} episodes, max {settings['max_steps']} steps, {describe_action_settings(settings)}")
     return fig
 
 

@@ -41,6 +41,15 @@ def drive_config(eval_dir: Path, samples: int | None = None) -> DriveConfig:
     return drive if samples is None else dataclasses.replace(drive, samples=samples)
 
 
+def describe_action_settings(settings: dict[str, Any]) -> str:
+    """How an evaluation post-processed the predicted actions, in words (for figure titles and reports)."""
+    cap, caution = settings.get("throttle_cap"), settings.get("pedal_caution")
+    parts = ["no throttle cap" if cap is None else f"throttle cap {cap}"]
+    if caution is not None:
+        parts.append(f"pedal caution {caution}")
+    return ", ".join(parts)
+
+
 def _device_present(device: str) -> bool:
     kind = torch.device(device)
     return kind.type != "cuda" or (torch.cuda.is_available() and (kind.index or 0) < torch.cuda.device_count())

@@ -10,7 +10,18 @@ import pytest
 from float_paths import assert_predictions_agree, path_rtol
 from run_fixtures import tiny_run
 
-from nsacdrive.eval.closed_loop import DriveConfig, EpisodeRecord, EvalConfig, aggregate, evaluate_closed_loop, throttle_cap
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nsacdrive.eval.closed_loop import (
+    DriveConfig,
+    EpisodeRecord,
+    EvalConfig,
+    aggregate,
+    cautious_pedals,
+    evaluate_closed_loop,
+    throttle_cap,
+)
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +183,37 @@ def test_throttle_cap_slows_down_only_when_steering_is_uncertain():
     assert np.array_equal(throttle_cap(action, 0.05, 0.1), action)
     np.testing.assert_allclose(throttle_cap(action, 0.4, 0.1), [0.1, 0.2, 0.0])
     assert np.array_equal(throttle_cap(action, 5.0, None), action)
+
+
+def test_pedal_caution_moves_gas_down_and_brake_up_by_k_sigma_within_the_box():
+    action, std = np.array([0.3, 0.6, 0.1], dtype=np.float32), np.array([0.5, 0.2, 0.25], dtype=np.float32)
+    assert np.array_equal(cautious_pedals(action, std, None), action)
+    np.testing.assert_allclose(cautious_pedals(action, std, 1.0), [0.3, 0.4, 0.35], rtol=1e-6)
+    np.testing.assert_allclose(cautious_pedals(action, std, 4.0), [0.3, 0.0, 1.0])  # clipped to the box
+    with pytest.raises(ValueError, match="pedal_caution must be >= 0 or None, got -1"):
+        DriveConfig(pedal_caution=-1)
+
+
+@given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 2), st.floats(0, 2), st.floats(0, 3), st.floats(0, 3))
+def test_more_caution_never_adds_gas_or_takes_brake_away(gas, brake, gas_std, brake_std, k, more):
+    action, std = np.array([0.0, gas, brake]), np.array([1.0, gas_std, brake_std])
+    low, high = cautious_pedals(action, std, k), cautious_pedals(action, std, k + more)
+    assert high[1] <= low[1] <= gas and brake <= low[2] <= high[2]
+    assert 0.0 <= high[1] and high[2] <= 1.0 and high[0] == 0.0
+
+
+def test_an_evaluation_with_pedal_caution_executes_the_cautious_pedals(trained_run, tmp_path):
+    config = EvalConfig(runs=[trained_run], seeds=(3,), drive=DriveConfig(max_steps=20, pedal_caution=1.5))
+    evaluate_closed_loop(config, tmp_path, progress=False)
+    log = np.load(tmp_path / "episodes" / "run_default_seed000003_r0.npz")
+    std = np.sqrt(log["aleatoric"] + log["epistemic"])
+    expected = np.stack([cautious_pedals(np.clip(mean, [-1, 0, 0], [1, 1, 1]), s, 1.5)
+                         for mean, s in zip(log["raw_action"], std)])
+    # the log's variances are float32 like the prediction's; sqrt of their sum agrees to float32 rounding
+    np.testing.assert_allclose(log["executed_action"], expected, rtol=1e-5, atol=1e-6)
+    assert np.all(log["executed_action"][:, 2] >= np.clip(log["raw_action"][:, 2], 0, 1))
+    aggregates = json.loads((tmp_path / "aggregates.json").read_text())
+    assert aggregates["pedal_caution"] == 1.5
 
 
 def test_cached_tokens_give_the_same_prediction_as_re_encoding_the_sequence(trained_run):

@@ -210,6 +210,7 @@ def evaluated(trained_run, tmp_path_factory):
     ({"drive": {"max_steps": 12}}, "drive.max_steps 10 recorded, 12 now"),
     ({"drive": {"samples": 3}}, "drive.samples None recorded, 3 now"),
     ({"drive": {"throttle_cap": 0.1}}, "drive.throttle_cap None recorded, 0.1 now"),
+    ({"drive": {"pedal_caution": 0.5}}, "drive.pedal_caution None recorded, 0.5 now"),
     ({"seeds": [3, 5]}, r"seeds \[3, 4\] recorded, \[3, 5\] now"),
     ({"batch": 2}, "batch 1 recorded, 2 now"),
 ])

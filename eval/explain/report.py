@@ -87,7 +87,15 @@ from nsacdrive.eval.plots import (
     write_episode_figures,
     write_evaluation_figures,
 )
-from nsacdrive.eval.results import EvaluationError, choose_episodes, drive_config, group_label, load_aggregates, load_records
+from nsacdrive.eval.results import (
+    EvaluationError,
+    choose_episodes,
+    describe_action_settings,
+    drive_config,
+    group_label,
+    load_aggregates,
+    load_records,
+)
 from nsacdrive.eval.video import redrive_episode
 
 DEFAULT_PERTURBATION = "shift-3"
@@ -262,11 +270,10 @@ class Report:
         if summary.is_file():
             atomic_write_bytes(self.out / "data" / "summary.csv", summary.read_bytes())
             links.append(self._link(self.out / "data" / "summary.csv"))
-        cap = self.settings["throttle_cap"]
         parts = [
             "<h2>1. Closed loop</h2>",
             f"<p>{len(self.records)} episodes, at most {self.settings['max_steps']} steps each, "
-            f"{'no throttle cap' if cap is None else f'throttle cap {cap}'}, {self.samples} draws per prediction; "
+            f"{describe_action_settings(self.settings)}, {self.samples} draws per prediction; "
             "success = lap finished (mean ± std over repeats), driving score = route completion × 0.8<sup>off-road events</sup>"
             " × 0.5 if the car left the playfield. Data: " + ", ".join(links) + ".</p>",
             _table(self.settings["aggregates"], AGGREGATE_COLUMNS),
