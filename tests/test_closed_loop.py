@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from float_paths import assert_predictions_agree, path_rtol
-from run_fixtures import tiny_run
-
 from hypothesis import given
 from hypothesis import strategies as st
+from run_fixtures import tiny_run
 
 from nsacdrive.eval.closed_loop import (
     DriveConfig,
