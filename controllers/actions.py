@@ -10,6 +10,7 @@ and the evaluator reports how often it had to.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 ACTION_NAMES = ("steer", "gas", "brake")
@@ -26,3 +27,18 @@ def squash(raw: torch.Tensor) -> torch.Tensor:
 
 def clip_to_box(action: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(action, ACTION_HIGH.to(action)), ACTION_LOW.to(action))
+
+
+def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None) -> np.ndarray:
+    """Gas at its lower and brake at its upper k-σ bound, clipped to [0, 1] (no-op when caution is None).
+
+    ``std``: the predictive std of (steer, gas, brake). Where the teacher sometimes brakes hard
+    and sometimes not, a Gaussian head predicts a small mean brake with a wide spread; acting on
+    the spread brakes there, while on a clear straight (small σ) the action hardly changes.
+    """
+    if caution is None:
+        return action
+    cautious = action.copy()
+    cautious[1] = np.clip(action[1] - caution * std[1], 0.0, 1.0)
+    cautious[2] = np.clip(action[2] + caution * std[2], 0.0, 1.0)
+    return cautious

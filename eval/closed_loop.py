@@ -51,7 +51,7 @@ from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
-from nsacdrive.controllers.actions import clip_to_box
+from nsacdrive.controllers.actions import cautious_pedals, clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
@@ -187,21 +187,6 @@ def throttle_cap(action: np.ndarray, steer_std: float, cap: float | None) -> np.
     capped = action.copy()
     capped[1] *= cap / steer_std
     return capped
-
-
-def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None) -> np.ndarray:
-    """Gas at its lower and brake at its upper k-σ bound, clipped to [0, 1] (no-op when caution is None).
-
-    ``std``: the predictive std of (steer, gas, brake). Where the teacher sometimes brakes hard
-    and sometimes not, a Gaussian head predicts a small mean brake with a wide spread; acting on
-    the spread brakes there, while on a clear straight (small σ) the action hardly changes.
-    """
-    if caution is None:
-        return action
-    cautious = action.copy()
-    cautious[1] = np.clip(action[1] - caution * std[1], 0.0, 1.0)
-    cautious[2] = np.clip(action[2] + caution * std[2], 0.0, 1.0)
-    return cautious
 
 
 LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "raw_action", "executed_action",

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from run_fixtures import tiny_run
 
+from nsacdrive.controllers.actions import cautious_pedals
 from nsacdrive.eval.closed_loop import (
     DriveConfig,
     EpisodeRecord,
     EvalConfig,
     aggregate,
-    cautious_pedals,
     evaluate_closed_loop,
     throttle_cap,
 )

@@ -115,11 +115,21 @@ def test_model_throttle_is_gas_minus_brake():
     assert float(reply.data["throttle"]) == pytest.approx(0.45, abs=1e-6)
 
 
+def test_model_throttle_with_pedal_caution_uses_the_pedals_cautious_ends():
+    agent = ScriptedAgent(mean=(-0.2, 0.7, 0.25), aleatoric=(0.01, 0.03, 0.05), epistemic=(0.0, 0.01, 0.04))
+    handler = TelemetryHandler(agent, config=ServeConfig(throttle="model", pedal_caution=1.0))
+    reply = handler.on_telemetry(telemetry(speed="40"))
+    assert float(reply.data["steering_angle"]) == pytest.approx(-0.2, abs=1e-6)
+    assert float(reply.data["throttle"]) == pytest.approx((0.7 - 0.2) - (0.25 + 0.3), abs=1e-6)  # σ_gas 0.2, σ_brake 0.3
+
+
 def test_serve_config_rejects_bad_settings():
     with pytest.raises(ValueError, match="--throttle"):
         ServeConfig(throttle="pid")
     with pytest.raises(ValueError, match="slow limit"):
         ServeConfig(speed_limit=10, slow_limit=20)
+    with pytest.raises(ValueError, match="--pedal-caution: expected a number >= 0 with --throttle model, got 0.5 with --throttle law"):
+        ServeConfig(pedal_caution=0.5)
 
 
 def test_frames_match_the_runs_observation_kind():

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
-from nsacdrive.controllers.actions import ACTION_NAMES
+from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
@@ -88,17 +88,23 @@ class ServeConfig:
 
     ``throttle``: ``law`` (1 − steer² − (speed/limit)², the classic script) or ``model`` (gas − brake).
     ``speed_limit`` / ``slow_limit``: the law's limit, and the one it drops to while over it.
+    ``pedal_caution``: with ``model``, the pedals' cautious ends, gas − k·σ_gas and brake + k·σ_brake
+    (:func:`nsacdrive.controllers.actions.cautious_pedals`); None: their means.
     """
 
     throttle: str = "law"
     speed_limit: float = 25.0
     slow_limit: float = 10.0
+    pedal_caution: float | None = None
 
     def __post_init__(self) -> None:
         if self.throttle not in THROTTLE_MODES:
             raise ValueError(f"--throttle: expected one of {', '.join(THROTTLE_MODES)}, got {self.throttle!r}")
         if not 0 < self.slow_limit <= self.speed_limit:
             raise ValueError(f"speed limits: expected 0 < slow limit ({self.slow_limit}) <= speed limit ({self.speed_limit})")
+        if self.pedal_caution is not None and (self.throttle != "model" or not self.pedal_caution >= 0):
+            raise ValueError(f"--pedal-caution: expected a number >= 0 with --throttle model, got {self.pedal_caution} "
+                             f"with --throttle {self.throttle}")
 
 
 class ThrottleLaw:
@@ -254,6 +260,9 @@ class TelemetryHandler:
         steering = float(np.clip(steer, -1.0, 1.0))
         if self.config.throttle == "law":
             return steering, self.law(steering, speed)
+        if self.config.pedal_caution is not None:
+            std = np.sqrt([row[f"aleatoric_{name}"] + row[f"epistemic_{name}"] for name in ACTION_NAMES])
+            _, gas, brake = cautious_pedals(np.array([steering, gas, brake]), std, self.config.pedal_caution)
         return steering, float(np.clip(gas - brake, -1.0, 1.0))
 
     def _finish(self, reply: Reply, start: float) -> Reply:
