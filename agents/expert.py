@@ -70,9 +70,10 @@ class PurePursuitConfig:
         """The gentle-braking teacher (agent spec ``expert:gentle``): plans with a deceleration of
         30 instead of 55 units/s², so it brakes earlier and lighter before the same corner speeds.
 
-        Its brake labels are a long, light signal (on 15 % of the steps at 0.30 on average on tracks
-        42, 1000–1009 and 0–29, against 12 % at 0.45 with a full 0.85 on 1 %) instead of a rare
-        hard one, which a Gaussian likelihood otherwise writes off as noise. Steering is the default's.
+        Its brake labels are a long, light signal instead of a rare hard one, which a Gaussian
+        likelihood otherwise writes off as noise (``python -m bench.teacher_smoothness``, tracks 0–27
+        clean: braking on 15 % of the steps at 0.30 on average, full brake on 0.11 %, against the
+        default's 12 %, 0.45 and 1.06 %). Steering is the default's.
         """
         return cls(brake_accel=30.0)
 
