@@ -1,0 +1,123 @@
+"""Closed-loop results across training seeds, as the README's tables give them: laps per seed,
+then mean ± std over the seeds, per run recipe, condition and action setting.
+
+    python -m bench.seed_table EVAL_DIR... [--tracks 42,1000-1009]
+
+Runs are matched across seeds by their path: the first ``-sN`` in a run's path names its training
+seed and the rest of the path its recipe (``runs/ql/levy-s0`` and ``runs/ql/levy-s1`` are seeds 0
+and 1 of ``runs/ql/levy``; ``runs/qs-dagger-s2/runs/round-1`` is seed 2 of
+``runs/qs-dagger/runs/round-1``). A run path without one is a recipe of its own with seed "-".
+Laps are the share of episodes that finished the lap; the std is the sample std (ddof 1) over
+the seeds, blank for one seed. ``--tracks`` keeps the episodes of those track seeds only, so one
+evaluation over protocol and unseen tracks gives a table for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.envs.corruptions import NO_CORRUPTION
+from nsacdrive.eval.results import EvaluationError, describe_action_settings, load_aggregates, load_records
+
+SEED_TOKEN = re.compile(r"-s(\d+)(?=$|/)")
+
+
+def recipe_and_seed(run: str) -> tuple[str, str]:
+    """(recipe, training seed) named by a run path; seed "-" when the path names none."""
+    match = SEED_TOKEN.search(run)
+    if match is None:
+        return run, "-"
+    return run[:match.start()] + run[match.end():], match.group(1)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: a recipe under one condition and action setting, with its per-seed figures."""
+
+    recipe: str
+    condition: str
+    actions: str
+    seeds: tuple[str, ...]
+    laps: tuple[float, ...]  # per seed, in [0, 1]
+    episodes: tuple[int, ...]  # per seed
+    scores: tuple[float, ...]  # per seed: mean score
+    lateral: tuple[float, ...]  # per seed: mean |lateral error| over its finished laps (nan: none)
+
+
+def _condition(record: dict[str, Any]) -> str:
+    corruption = record.get("corruption", NO_CORRUPTION)
+    return record["colour_preset"] if corruption == NO_CORRUPTION else f"{record['colour_preset']} + {corruption}"
+
+
+def collect_rows(eval_dirs: list[Path], tracks: set[int] | None = None) -> list[Row]:
+    """Every (recipe, condition, action setting) of the evaluations, its episodes grouped by training seed."""
+    groups: dict[tuple[str, str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for eval_dir in eval_dirs:
+        actions = describe_action_settings(load_aggregates(eval_dir))
+        for record in load_records(eval_dir):
+            if tracks is not None and int(record["track_seed"]) not in tracks:
+                continue
+            recipe, seed = recipe_and_seed(str(record["run"]))
+            groups[(recipe, _condition(record), actions)][seed].append(record)
+    rows = []
+    for (recipe, condition, actions), by_seed in sorted(groups.items()):
+        seeds = tuple(sorted(by_seed, key=lambda s: (s == "-", int(s) if s.isdigit() else 0)))
+        episodes = [by_seed[s] for s in seeds]
+        rows.append(Row(recipe, condition, actions, seeds,
+                        laps=tuple(float(np.mean([r["lap_finished"] for r in e])) for e in episodes),
+                        episodes=tuple(len(e) for e in episodes),
+                        scores=tuple(float(np.mean([r["score"] for r in e])) for e in episodes),
+                        lateral=tuple(_lap_lateral(e) for e in episodes)))
+    return rows
+
+
+def _lap_lateral(records: list[dict[str, Any]]) -> float:
+    laps = [r["mean_abs_lateral_error"] for r in records if r["lap_finished"]]
+    return float(np.mean(laps)) if laps else float("nan")
+
+
+def _spread(values: tuple[float, ...], digits: int, scale: float = 1.0) -> str:
+    finite = np.array([v for v in values if np.isfinite(v)]) * scale
+    if not len(finite):
+        return "–"
+    text = f"{finite.mean():.{digits}f}"
+    return text if len(finite) < 2 else f"{text} ± {finite.std(ddof=1):.{digits}f}"
+
+
+def format_table(rows: list[Row]) -> str:
+    """A markdown table: laps per seed (mean ± std), mean score and |lat| on finished laps."""
+    lines = ["| run | condition | actions | seeds | laps per seed (%) | laps mean ± std (%) | score | \\|lat\\| (laps) | episodes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        per_seed = " / ".join(f"{100 * lap:.0f}" for lap in row.laps)
+        lines.append(f"| {row.recipe} | {row.condition} | {row.actions} | {', '.join(row.seeds)} | {per_seed} | "
+                     f"{_spread(row.laps, 0, 100)} | {_spread(row.scores, 1)} | {_spread(row.lateral, 2)} | "
+                     f"{' / '.join(map(str, row.episodes))} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("eval_dirs", nargs="+", type=Path, metavar="EVAL_DIR", help="folders written by `nsacdrive eval`")
+    parser.add_argument("--tracks", help="keep these track seeds only, e.g. 42,1000-1009")
+    args = parser.parse_args()
+    try:
+        tracks = None if args.tracks is None else set(parse_seeds(args.tracks, "--tracks"))
+        rows = collect_rows(args.eval_dirs, tracks)
+    except (EvaluationError, ValueError) as exc:
+        parser.error(str(exc))
+    if not rows:
+        parser.error("no episodes matched (check --tracks)")
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
