@@ -29,16 +29,19 @@ def clip_to_box(action: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(action, ACTION_HIGH.to(action)), ACTION_LOW.to(action))
 
 
-def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None) -> np.ndarray:
+def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None, gas_caution: float | None = None) -> np.ndarray:
     """Gas at its lower and brake at its upper k-σ bound, clipped to [0, 1] (no-op when caution is None).
 
     ``std``: the predictive std of (steer, gas, brake). Where the teacher sometimes brakes hard
     and sometimes not, a Gaussian head predicts a small mean brake with a wide spread; acting on
     the spread brakes there, while on a clear straight (small σ) the action hardly changes.
+    ``gas_caution``: the gas's own k (0: caution on the brake alone, which costs less lap time);
+    None: ``caution`` for both pedals.
     """
     if caution is None:
         return action
     cautious = action.copy()
-    cautious[1] = np.clip(action[1] - caution * std[1], 0.0, 1.0)
+    gas_k = caution if gas_caution is None else gas_caution
+    cautious[1] = np.clip(action[1] - gas_k * std[1], 0.0, 1.0)
     cautious[2] = np.clip(action[2] + caution * std[2], 0.0, 1.0)
     return cautious

@@ -92,6 +92,8 @@ class DriveConfig:
     :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
     :param pedal_caution: k ≥ 0: execute gas − k·σ_gas and brake + k·σ_brake (predictive stds),
         clipped to the box; None: the pedals' means
+    :param gas_caution: with ``pedal_caution``, the gas's own k (0: brake + k·σ_brake alone);
+        None: ``pedal_caution`` for both pedals
     :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
     :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
     :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
@@ -108,6 +110,7 @@ class DriveConfig:
     samples: int | None = None
     throttle_cap: float | None = None
     pedal_caution: float | None = None
+    gas_caution: float | None = None
     renderer: str = "fast"
     raw: bool = False
     monitor_score: str | None = None
@@ -128,6 +131,9 @@ class DriveConfig:
             raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
         if self.pedal_caution is not None and not self.pedal_caution >= 0:
             raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
+        if self.gas_caution is not None and (self.pedal_caution is None or not self.gas_caution >= 0):
+            raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
+                             f"with pedal_caution {self.pedal_caution}")
         try:
             torch.device(self.device)
         except RuntimeError:
@@ -270,7 +276,8 @@ class EpisodeDrive:
             state, log = self.state, self.log
             expert_action = self.expert.act(self.observation, state)
             score, active = self.watch(prediction, row)
-            executed = cautious_pedals(throttle_cap(action, float(std[0]), self.drive.throttle_cap), std, self.drive.pedal_caution)
+            executed = cautious_pedals(throttle_cap(action, float(std[0]), self.drive.throttle_cap), std, self.drive.pedal_caution,
+                                      self.drive.gas_caution)
             if active:
                 executed = self.fall_back(executed, expert_action)
             log["raw_action"].append(mean.numpy())

@@ -43,10 +43,10 @@ def drive_config(eval_dir: Path, samples: int | None = None) -> DriveConfig:
 
 def describe_action_settings(settings: dict[str, Any]) -> str:
     """How an evaluation post-processed the predicted actions, in words (for figure titles and reports)."""
-    cap, caution = settings.get("throttle_cap"), settings.get("pedal_caution")
+    cap, caution, gas = settings.get("throttle_cap"), settings.get("pedal_caution"), settings.get("gas_caution")
     parts = ["no throttle cap" if cap is None else f"throttle cap {cap}"]
     if caution is not None:
-        parts.append(f"pedal caution {caution}")
+        parts.append(f"pedal caution {caution}" + ("" if gas is None else f" (gas {gas})"))
     return ", ".join(parts)
 
 

@@ -108,7 +108,7 @@ def _presets(text: str) -> list[str]:
 SETTING_FLAGS = {
     "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
     "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
-    "drive.pedal_caution": "--pedal-caution",
+    "drive.pedal_caution": "--pedal-caution", "drive.gas_caution": "--gas-caution",
     "drive.renderer": "--renderer", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
     "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
     "drive.fallback_steps": "--fallback-seconds", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
@@ -547,6 +547,7 @@ def closed_loop_eval(
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     pedal_caution: Optional[float] = typer.Option(None, "--pedal-caution", min=0.0, help="Execute gas − K·σ_gas and brake + K·σ_brake (predictive stds): brake where unsure."),
+    gas_caution: Optional[float] = typer.Option(None, "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
     device: str = typer.Option("cpu", "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
     corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
@@ -570,7 +571,8 @@ def closed_loop_eval(
         monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
         if fallback != "none" and monitor_dir is None:
             raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
-        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, renderer=renderer.value, raw=raw,
+        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
+                            renderer=renderer.value, raw=raw,
                             device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
         corruptions = _closed_loop_corruptions(corruption)
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),

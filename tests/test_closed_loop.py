@@ -193,6 +193,17 @@ def test_pedal_caution_moves_gas_down_and_brake_up_by_k_sigma_within_the_box():
         DriveConfig(pedal_caution=-1)
 
 
+def test_gas_caution_gives_the_gas_its_own_k_and_zero_leaves_it_alone():
+    action, std = np.array([0.3, 0.6, 0.1], dtype=np.float32), np.array([0.5, 0.2, 0.25], dtype=np.float32)
+    np.testing.assert_allclose(cautious_pedals(action, std, 1.0, gas_caution=0.0), [0.3, 0.6, 0.35], rtol=1e-6)
+    np.testing.assert_allclose(cautious_pedals(action, std, 1.0, gas_caution=2.0), [0.3, 0.2, 0.35], rtol=1e-6)
+    assert np.array_equal(cautious_pedals(action, std, None, gas_caution=2.0), action)  # no caution at all
+    with pytest.raises(ValueError, match="gas_caution must be >= 0 and goes with pedal_caution, got 0.0 with pedal_caution None"):
+        DriveConfig(gas_caution=0.0)
+    with pytest.raises(ValueError, match="gas_caution must be >= 0 and goes with pedal_caution, got -1"):
+        DriveConfig(pedal_caution=0.5, gas_caution=-1)
+
+
 @given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 2), st.floats(0, 2), st.floats(0, 3), st.floats(0, 3))
 def test_more_caution_never_adds_gas_or_takes_brake_away(gas, brake, gas_std, brake_std, k, more):
     action, std = np.array([0.0, gas, brake]), np.array([1.0, gas_std, brake_std])

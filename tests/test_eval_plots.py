@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from nsacdrive.cli import app
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from nsacdrive.eval.plots import spearman, write_episode_figures, write_evaluation_figures
-from nsacdrive.eval.results import choose_episodes
+from nsacdrive.eval.results import choose_episodes, describe_action_settings
 from nsacdrive.eval.video import DeterminismError, video_size, write_episode_video
 
 STEPS = 30
@@ -152,3 +152,9 @@ def test_the_severity_figure_draws_one_column_per_family_and_one_line_per_run():
     np.testing.assert_array_equal(fog_mse.lines[0].get_xdata(), [0, 1, 3])  # clean at severity 0
     np.testing.assert_array_equal(fog_mse.lines[0].get_ydata(), [1.0, 2.0, 3.0])
     assert severity_figure([r for r in rows if r["condition"] in ("clean", "shift-3")], "t") is None
+
+
+def test_action_settings_read_as_words():
+    assert describe_action_settings({}) == "no throttle cap"
+    assert describe_action_settings({"throttle_cap": 0.1, "pedal_caution": 0.5}) == "throttle cap 0.1, pedal caution 0.5"
+    assert describe_action_settings({"pedal_caution": 0.5, "gas_caution": 0.0}) == "no throttle cap, pedal caution 0.5 (gas 0.0)"

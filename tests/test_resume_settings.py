@@ -211,6 +211,7 @@ def evaluated(trained_run, tmp_path_factory):
     ({"drive": {"samples": 3}}, "drive.samples None recorded, 3 now"),
     ({"drive": {"throttle_cap": 0.1}}, "drive.throttle_cap None recorded, 0.1 now"),
     ({"drive": {"pedal_caution": 0.5}}, "drive.pedal_caution None recorded, 0.5 now"),
+    ({"drive": {"pedal_caution": 0.5, "gas_caution": 0.0}}, "drive.gas_caution None recorded, 0.0 now"),
     ({"seeds": [3, 5]}, r"seeds \[3, 4\] recorded, \[3, 5\] now"),
     ({"batch": 2}, "batch 1 recorded, 2 now"),
 ])
@@ -243,3 +244,10 @@ def test_cli_eval_resume_names_the_changed_flags(trained_run, evaluated):
     assert result.exit_code == 2
     assert normalize(result.output).startswith(f"error: {evaluated} holds results made with other settings "
                                                "(--max-steps 10 there, 12 now; --samples unset there, 2 now)")
+
+
+def test_cli_eval_gas_caution_needs_pedal_caution(trained_run, tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(trained_run), "--seeds", "3", "--gas-caution", "0", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "gas_caution must be >= 0 and goes with pedal_caution, got 0.0 with pedal_caution None" in normalize(result.output)
+    assert not (tmp_path / "out" / "episodes").exists()
