@@ -51,6 +51,7 @@ def serve(
     speed_limit: float = typer.Option(25.0, "--speed-limit", help="Throttle law: the speed limit (simulator mph)."),
     slow_limit: float = typer.Option(10.0, "--slow-limit", help="Throttle law: the limit while over --speed-limit."),
     pedal_caution: Optional[float] = typer.Option(None, "--pedal-caution", min=0.0, help="--throttle model: gas − K·σ_gas and brake + K·σ_brake (brake where unsure)."),
+    gas_caution: Optional[float] = typer.Option(None, "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
     log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore the run's calibration.json (`nsacdrive calibrate`)."),
@@ -68,7 +69,7 @@ def serve(
     logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
     logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
     try:
-        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit, pedal_caution), samples, raw)
+        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit, pedal_caution, gas_caution), samples, raw)
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

@@ -121,6 +121,8 @@ def test_model_throttle_with_pedal_caution_uses_the_pedals_cautious_ends():
     reply = handler.on_telemetry(telemetry(speed="40"))
     assert float(reply.data["steering_angle"]) == pytest.approx(-0.2, abs=1e-6)
     assert float(reply.data["throttle"]) == pytest.approx((0.7 - 0.2) - (0.25 + 0.3), abs=1e-6)  # σ_gas 0.2, σ_brake 0.3
+    brake_only = TelemetryHandler(agent, config=ServeConfig(throttle="model", pedal_caution=1.0, gas_caution=0.0))
+    assert float(brake_only.on_telemetry(telemetry(speed="40")).data["throttle"]) == pytest.approx(0.7 - (0.25 + 0.3), abs=1e-6)
 
 
 def test_serve_config_rejects_bad_settings():
@@ -130,6 +132,8 @@ def test_serve_config_rejects_bad_settings():
         ServeConfig(speed_limit=10, slow_limit=20)
     with pytest.raises(ValueError, match="--pedal-caution: expected a number >= 0 with --throttle model, got 0.5 with --throttle law"):
         ServeConfig(pedal_caution=0.5)
+    with pytest.raises(ValueError, match="--gas-caution: expected a number >= 0 with --pedal-caution, got 0.0 with --pedal-caution None"):
+        ServeConfig(throttle="model", gas_caution=0.0)
 
 
 def test_frames_match_the_runs_observation_kind():

@@ -89,13 +89,15 @@ class ServeConfig:
     ``throttle``: ``law`` (1 − steer² − (speed/limit)², the classic script) or ``model`` (gas − brake).
     ``speed_limit`` / ``slow_limit``: the law's limit, and the one it drops to while over it.
     ``pedal_caution``: with ``model``, the pedals' cautious ends, gas − k·σ_gas and brake + k·σ_brake
-    (:func:`nsacdrive.controllers.actions.cautious_pedals`); None: their means.
+    (:func:`nsacdrive.controllers.actions.cautious_pedals`); None: their means. ``gas_caution``: the
+    gas's own k (0: the brake alone moves); None: ``pedal_caution`` for both.
     """
 
     throttle: str = "law"
     speed_limit: float = 25.0
     slow_limit: float = 10.0
     pedal_caution: float | None = None
+    gas_caution: float | None = None
 
     def __post_init__(self) -> None:
         if self.throttle not in THROTTLE_MODES:
@@ -105,6 +107,9 @@ class ServeConfig:
         if self.pedal_caution is not None and (self.throttle != "model" or not self.pedal_caution >= 0):
             raise ValueError(f"--pedal-caution: expected a number >= 0 with --throttle model, got {self.pedal_caution} "
                              f"with --throttle {self.throttle}")
+        if self.gas_caution is not None and (self.pedal_caution is None or not self.gas_caution >= 0):
+            raise ValueError(f"--gas-caution: expected a number >= 0 with --pedal-caution, got {self.gas_caution} "
+                             f"with --pedal-caution {self.pedal_caution}")
 
 
 class ThrottleLaw:
@@ -262,7 +267,8 @@ class TelemetryHandler:
             return steering, self.law(steering, speed)
         if self.config.pedal_caution is not None:
             std = np.sqrt(prediction.total.reshape(-1).tolist())  # tolist: any device, like the moments above
-            _, gas, brake = cautious_pedals(np.array([steering, gas, brake]), std, self.config.pedal_caution)
+            _, gas, brake = cautious_pedals(np.array([steering, gas, brake]), std, self.config.pedal_caution,
+                                            self.config.gas_caution)
         return steering, float(np.clip(gas - brake, -1.0, 1.0))
 
     def _finish(self, reply: Reply, start: float) -> Reply:
