@@ -54,7 +54,7 @@ def assert_paths_agree(actual: torch.Tensor, expected: torch.Tensor, rtol: float
     Each entry is held to ``rtol`` of the quantity's scale, so entries that cancelled towards
     zero are not asked for relative accuracy their terms never had.
     """
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * scale + torch.finfo(torch.float32).tiny,
                                msg=lambda message: f"{what}: {message} (rtol {rtol:.2e} of scale {scale:.3e})")
 
