@@ -10,11 +10,13 @@
   (issue 19's target: NSAC training ≥ 2× at batch 64);
 * the front-camera step: seconds per batch of 32 of ``configs/front-camera.json``'s model (NVIDIA
   encoder on 66×200 YUV frames, twins for a quarter), the encoder fed channels-last frames (what
-  it does) against the default layout, steps alternated (issue 19's target: ≤ 0.3 s);
+  it does) against the default layout, steps alternated, and on one thread against all cores
+  (issue 19's target: ≤ 0.3 s);
 * memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
-One thread (torch.set_num_threads(1)): "per step on one core". Usage:
+One thread (torch.set_num_threads(1)): "per step on one core", except the front-camera step's
+all-cores row. Usage:
 ``python -m bench.training_speed [--quick]``.
 """
 
@@ -25,6 +27,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,14 +88,29 @@ def twin_speedups(batch: int, repeats: int) -> list[dict[str, float]]:
     return rows
 
 
-def front_camera_step(repeats: int) -> dict[str, float]:
-    """Seconds per front-camera training step (batch 32), channels-last frames against the default layout."""
+def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
+    """Seconds per front-camera training step (batch 32): channels-last frames against the default
+    layout on one thread, then channels-last on one thread against ``cores`` threads (what
+    ``nsacdrive train`` uses on its own); steps alternated pair by pair."""
     settings = json.loads(FRONT_CAMERA_CONFIG.read_text())
     config = ModelConfig.from_dict(settings["model"])
     batch, twins = settings["batch_size"], settings.get("twin_fraction", 1.0)
     default, channels_last, ratio = paired_median_ratio(training_step(config, batch, twins, channels_last=False),
                                                         training_step(config, batch, twins, channels_last=True), repeats)
-    return {"batch": batch, "default_layout_s": default, "channels_last_s": channels_last, "speedup": 1 / ratio}
+    step = training_step(config, batch, twins, channels_last=True)
+
+    def on(threads: int) -> Callable[[], None]:
+        def run() -> None:
+            torch.set_num_threads(threads)
+            step()
+        return run
+
+    try:
+        _, all_cores, _ = paired_median_ratio(on(1), on(cores), repeats)
+    finally:
+        torch.set_num_threads(1)
+    return {"batch": batch, "default_layout_s": default, "channels_last_s": channels_last, "speedup": 1 / ratio,
+            "cores": cores, "channels_last_all_cores_s": all_cores}
 
 
 def control_latency(model: str, repeats: int) -> dict[str, float]:
@@ -133,6 +151,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, no memory run")
     args = parser.parse_args()
+    cores = torch.get_num_threads()  # torch's default: one thread per core
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 5
     rows = []
@@ -147,10 +166,10 @@ def main() -> None:
     print(f"{'twin_fraction':<15}{'all twins samples/s':>21}{'samples/s':>11}{'speedup':>9}")
     for r in twins:
         print(f"{r['twin_fraction']:<15}{r['all_twins_samples_per_s']:>21.0f}{r['samples_per_s']:>11.0f}{r['speedup']:>8.2f}×")
-    front = front_camera_step(repeats + 2)
+    front = front_camera_step(repeats + 2, cores)
     print(f"\nfront-camera training step (configs/front-camera.json, batch {front['batch']}; target ≤ {FRONT_CAMERA_TARGET_S} s): "
           f"{front['channels_last_s']:.2f} s channels-last, {front['default_layout_s']:.2f} s default layout "
-          f"({front['speedup']:.2f}×)")
+          f"({front['speedup']:.2f}×) on one thread; channels-last on {cores} threads {front['channels_last_all_cores_s']:.2f} s")
     memory = None if args.quick else demo_training_memory()
     if memory is not None:
         print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
