@@ -51,7 +51,7 @@ from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
-from nsacdrive.controllers.actions import cautious_pedals, clip_to_box
+from nsacdrive.controllers.actions import cautious_pedals, clip_to_box, gas_caution_fits
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
@@ -131,7 +131,7 @@ class DriveConfig:
             raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
         if self.pedal_caution is not None and not self.pedal_caution >= 0:
             raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
-        if self.gas_caution is not None and (self.pedal_caution is None or not self.gas_caution >= 0):
+        if not gas_caution_fits(self.pedal_caution, self.gas_caution):
             raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
                              f"with pedal_caution {self.pedal_caution}")
         try:

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
-from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals
+from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals, gas_caution_fits
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
@@ -107,7 +107,7 @@ class ServeConfig:
         if self.pedal_caution is not None and (self.throttle != "model" or not self.pedal_caution >= 0):
             raise ValueError(f"--pedal-caution: expected a number >= 0 with --throttle model, got {self.pedal_caution} "
                              f"with --throttle {self.throttle}")
-        if self.gas_caution is not None and (self.pedal_caution is None or not self.gas_caution >= 0):
+        if not gas_caution_fits(self.pedal_caution, self.gas_caution):
             raise ValueError(f"--gas-caution: expected a number >= 0 with --pedal-caution, got {self.gas_caution} "
                              f"with --pedal-caution {self.pedal_caution}")
 
