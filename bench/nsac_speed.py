@@ -7,7 +7,9 @@
    The same comparison for the shipped controller (``configs/quality.json``'s CNN encoder with
    the speed input and NSAC head): deterministic = one noise-free pass; with uncertainty =
    ``Controller.predict`` with S = 20 and the feature-density score attached, as every
-   closed-loop step of a calibrated run computes it. Target (issue 17): ≤ 1.5×.
+   closed-loop step of a calibrated run computes it — over the tokens, and over the tokens and
+   every convolution's channel statistics (``calibrate --density-source tokens+conv``). Target
+   (issue 17): ≤ 1.5×.
 2. NSAC layer forward+backward vs torch-nac 0.0.2's OUWrap at d = 64, H = 16, K = 8 on
    (B = 64, T = 4) and (B = 8, T = 256), if torch-nac is installed (``make bench`` tries
    ``pip install --no-deps torch-nac==0.0.2 ncps==1.0.1``; it is never vendored). Both our
@@ -29,7 +31,7 @@ from torch import nn
 
 from bench.common import median_time, paired_median_ratio
 from nsacdrive.common.atomic import atomic_write_json
-from nsacdrive.controllers.density import fit_density
+from nsacdrive.controllers.density import ConvStatistics, attach_density, fit_density
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import NSAC, NSACConfig
 from nsacdrive.controllers.registry import build_controller
@@ -78,12 +80,13 @@ def inference_overhead(batch: int, samples: int, repeats: int) -> dict[str, floa
             "published_mc_ms": published * 1e3, "batched_ratio": ours / base, "published_ratio": published / base}
 
 
-def controller_overhead(batch: int, samples: int, repeats: int) -> dict[str, float]:
-    """The quality recipe's controller: noise-free pass vs S-draw prediction + density score."""
+def controller_overhead(batch: int, samples: int, repeats: int, source: str) -> dict[str, float | str]:
+    """The quality recipe's controller: noise-free pass vs S-draw prediction + the density score over ``source``."""
     torch.manual_seed(0)
     config = ModelConfig(model="nsac", speed_input=True)
     controller = build_controller(config).eval()
-    controller.density = fit_density(torch.randn(4 * config.encoder.token_dim, config.encoder.token_dim), (0,), "bench")
+    width = config.encoder.token_dim + (ConvStatistics(controller.encoder).width if source == "tokens+conv" else 0)
+    attach_density(controller, fit_density(torch.randn(4 * width, width), (0,), "bench", source))
     frames = torch.rand(batch, 4, *config.encoder.frame_shape)
     timestamps = torch.arange(4.0).expand(batch, 4) * 0.04
     speed = torch.full((batch, 4), 30.0)
@@ -97,7 +100,7 @@ def controller_overhead(batch: int, samples: int, repeats: int) -> dict[str, flo
         controller.predict(frames, timestamps, samples=samples, speed=speed)
 
     base, ours, ratio = paired_median_ratio(deterministic, with_uncertainty, repeats)
-    return {"batch": batch, "deterministic_ms": base * 1e3, "uncertain_ms": ours * 1e3, "ratio": ratio}
+    return {"batch": batch, "density_source": source, "deterministic_ms": base * 1e3, "uncertain_ms": ours * 1e3, "ratio": ratio}
 
 
 def layer_speed(batch: int, length: int, repeats: int) -> dict[str, float | str]:
@@ -146,7 +149,7 @@ def main() -> None:
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 10
     inference = [inference_overhead(b, 20, repeats) for b in (1, 64)]
-    controller = [controller_overhead(b, 20, 3 * repeats) for b in (1, 11, 64)]
+    controller = [controller_overhead(b, 20, 3 * repeats, source) for source in ("tokens", "tokens+conv") for b in (1, 11, 64)]
     layers = [layer_speed(64, 4, repeats), layer_speed(8, 256, max(repeats // 2, 2))]
 
     print(f"\n{'inference with uncertainty (S=20)':<34}{'determ.':>10}{'batched MC':>12}{'ratio':>8}{'published':>11}{'ratio':>8}")
@@ -155,7 +158,7 @@ def main() -> None:
               f"{r['batched_ratio']:>7.2f}×{r['published_mc_ms']:>9.1f}ms{r['published_ratio']:>7.1f}×")
     print(f"\n{'quality controller, S=20 + density':<34}{'determ.':>10}{'uncertain':>12}{'ratio':>8}{'target':>9}")
     for r in controller:
-        print(f"{'batch ' + str(r['batch']):<34}{r['deterministic_ms']:>8.2f}ms{r['uncertain_ms']:>10.2f}ms"
+        print(f"{'batch ' + str(r['batch']) + ', ' + str(r['density_source']):<34}{r['deterministic_ms']:>8.2f}ms{r['uncertain_ms']:>10.2f}ms"
               f"{r['ratio']:>7.2f}×{'≤ 1.5×':>9}")
     print(f"\n{'NSAC layer fwd+bwd (d=64,H=16,K=8)':<34}{'ours ref':>11}{'ours corr':>11}{'torch-nac':>12}{'speed-up':>18}")
     for r in layers:

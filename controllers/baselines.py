@@ -206,6 +206,11 @@ class EnsembleController(nn.Module):
         return calibrated(self.calibration, UncertainPrediction(means.mean(0), variances.mean(0), means.var(0, unbiased=False),
                                                                 density=density))
 
+    def use_density_source(self, source: str) -> None:
+        """Every member's :meth:`encode` emits what ``source`` reads (:meth:`Controller.use_density_source`)."""
+        for member in self.members:
+            member.use_density_source(source)
+
     def density_features(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every member's density features side by side, [B, M·D] (tokens [M, B, T·K, D] from :meth:`encode`)."""
         return torch.cat([member.density_features(member_tokens) for member, member_tokens in zip(self.members, tokens)], -1)

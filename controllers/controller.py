@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nsacdrive.controllers.calibration import Calibration, calibrated
-from nsacdrive.controllers.density import FeatureDensity
+from nsacdrive.controllers.density import ConvStatistics, FeatureDensity
 from nsacdrive.controllers.heads import UncertaintyHead
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
@@ -47,7 +47,10 @@ class Controller(nn.Module):
         self.encoder = encoder
         self.head = head
         self.calibration: Calibration | None = None  # set by load_run from RUN/calibration.json; applied to every prediction
-        self.density: FeatureDensity | None = None  # set by load_run from RUN/density.safetensors; scores every prediction
+        #: scores every prediction; set by nsacdrive.controllers.density.attach_density (load_run: RUN/density.safetensors)
+        self.density: FeatureDensity | None = None
+        #: what :meth:`encode` emits for the density: "tokens+conv" appends each frame's convolution statistics to its tokens
+        self.density_source = "tokens"
         self.tokens_per_frame = int(getattr(encoder, "TOKENS_PER_FRAME", 1))  # encoders that declare none emit one
         self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
 
@@ -70,9 +73,14 @@ class Controller(nn.Module):
         """[B, T] → [B, T·K]: each frame's value for each of its K tokens."""
         return per_frame if self.tokens_per_frame == 1 else per_frame.repeat_interleave(self.tokens_per_frame, dim=1)
 
-    def density_features(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens [B, T·K, D] → the newest frame's K tokens averaged, [B, D] (:mod:`nsacdrive.controllers.density`)."""
-        return tokens[:, -self.tokens_per_frame:].mean(1)
+    def use_density_source(self, source: str) -> None:
+        """What :meth:`encode` emits: tokens, or tokens and convolution statistics (``DENSITY_SOURCES``)."""
+        self.density_source = source
+
+    def density_features(self, encoded: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode`'s output [B, T·K, D (+ P)] → the newest frame's K rows averaged, [B, D (+ P)]
+        (:mod:`nsacdrive.controllers.density`)."""
+        return encoded[:, -self.tokens_per_frame:].mean(1)
 
     def token_times(self, timestamps: torch.Tensor) -> torch.Tensor:
         """Head times [B, T·K] of the tokens from the frames' timestamps [B, T] (:func:`head_times`)."""
@@ -98,8 +106,23 @@ class Controller(nn.Module):
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens [B, T·K, D]; frames are encoded independently, so tokens can be cached per frame."""
-        return self.tokens(frames, speed)
+        """Tokens [B, T·K, D]; frames are encoded independently, so tokens can be cached per frame.
+
+        With ``density_source`` "tokens+conv" each token carries its frame's P convolution
+        statistics after its D channels, [B, T·K, D + P] (:class:`nsacdrive.controllers.density.ConvStatistics`);
+        :meth:`predict_tokens` hands the head the first D."""
+        if self.density_source == "tokens":
+            return self.tokens(frames, speed)
+        with ConvStatistics(self.encoder) as statistics:
+            tokens = self.tokens(frames, speed)
+        per_frame = statistics.values().unflatten(0, frames.shape[:2]).to(tokens)  # [B, T, P]
+        return torch.cat([tokens, self._per_token(per_frame)], -1)
+
+    def _head_tokens(self, encoded: torch.Tensor) -> torch.Tensor:
+        """The tokens of :meth:`encode`'s output, without the statistics it may carry."""
+        if self.density_source == "tokens":
+            return encoded
+        return encoded[..., :encoded.shape[-1] - ConvStatistics(self.encoder).width]
 
     @torch.no_grad()
     def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,
@@ -109,10 +132,11 @@ class Controller(nn.Module):
         ``generators``: one per batch row when the rows are independent episodes
         (:meth:`nsacdrive.controllers.heads.UncertaintyHead.predict_episodes`); None draws from the global RNG."""
         times = self.token_times(timestamps)
+        head_tokens = self._head_tokens(tokens)
         if generators is None:
-            prediction = self.head.predict(tokens, times, samples)
+            prediction = self.head.predict(head_tokens, times, samples)
         else:
-            prediction = self.head.predict_episodes(tokens, times, samples, generators)
+            prediction = self.head.predict_episodes(head_tokens, times, samples, generators)
         if prediction.attention is not None and self.tokens_per_frame > 1:  # per token → per frame
             prediction.attention = prediction.attention.unflatten(1, (-1, self.tokens_per_frame)).sum(-1)
         if self.density is not None:

@@ -13,9 +13,18 @@ tr((Σ + jitter·I)⁻¹Σ)/F = 1 − O(jitter), and it is unchanged when the fe
 rotated or scaled as a whole (the jitter is relative to their mean variance); any other
 invertible linear map changes it only through the jitter.
 
-Features (:meth:`Controller.density_features`): the newest frame's tokens, averaged over its K
-tokens per frame (speed embedding included) — the frame the action is taken on. A deep ensemble
-concatenates its members' features. ``nsacdrive calibrate`` fits it on the run's training
+Features (:meth:`Controller.density_features`), by the density's ``source``:
+
+* ``tokens`` (the default): the newest frame's tokens, averaged over its K tokens per frame (speed
+  embedding included) — the frame the action is taken on. Training taught the encoder to ignore
+  what does not matter for the action (the grass's colour, mild noise), so this density flags
+  the shifts that reach the head and stays quiet on harmless ones.
+* ``tokens+conv``: the same tokens followed by the mean and standard deviation over the map of
+  every channel of every convolution's output (before its activation) — the low-level image
+  statistics the tokens have learnt to discard. It flags every input shift, harmless or not
+  (a textured background, which the tokens barely see, included): an input-shift detector.
+
+A deep ensemble concatenates its members' features. ``nsacdrive calibrate`` fits it on the run's training
 tracks and writes ``RUN/density.safetensors``; :func:`nsacdrive.controllers.run.load_run` attaches it, and every
 prediction then carries ``density`` [B].
 """
@@ -31,6 +40,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from nsacdrive.common.atomic import atomic_write_bytes
+from nsacdrive.controllers.model_names import DENSITY_SOURCES
 
 DENSITY_FILE = "density.safetensors"
 METHOD = "gaussian-mahalanobis"
@@ -55,6 +65,11 @@ class FeatureDensity:
     train_seeds: tuple[int, ...]
     samples: int
     data_fingerprint: str
+    source: str = "tokens"
+
+    def __post_init__(self) -> None:
+        if self.source not in DENSITY_SOURCES:
+            raise ValueError(f"density source must be one of {', '.join(DENSITY_SOURCES)}, got {self.source!r}")
 
     @property
     def features(self) -> int:
@@ -70,11 +85,11 @@ class FeatureDensity:
 
     def to_bytes(self) -> bytes:
         metadata = {"method": METHOD, "jitter": repr(self.jitter), "train_seeds": json.dumps(list(self.train_seeds)),
-                    "samples": str(self.samples), "data_fingerprint": self.data_fingerprint}
+                    "samples": str(self.samples), "data_fingerprint": self.data_fingerprint, "source": self.source}
         return save({"mean": self.mean.contiguous(), "whitening": self.whitening.contiguous()}, metadata)
 
 
-def fit_density(features: torch.Tensor, train_seeds: tuple[int, ...], data_fingerprint: str) -> FeatureDensity:
+def fit_density(features: torch.Tensor, train_seeds: tuple[int, ...], data_fingerprint: str, source: str = "tokens") -> FeatureDensity:
     """The Gaussian of ``features`` [N, F] (population covariance, fitted in float64).
 
     The smallest jitter RELATIVE_JITTER·10^k × mean variance (k ≥ 0) that makes Σ + jitter·I
@@ -99,7 +114,14 @@ def fit_density(features: torch.Tensor, train_seeds: tuple[int, ...], data_finge
     else:
         raise ValueError(f"the feature covariance is not positive definite even with jitter {jitter:.3g}")
     whitening = torch.linalg.solve_triangular(factor, torch.eye(f, dtype=torch.float64), upper=False)
-    return FeatureDensity(mean, whitening, jitter, tuple(train_seeds), n, data_fingerprint)
+    return FeatureDensity(mean, whitening, jitter, tuple(train_seeds), n, data_fingerprint, source)
+
+
+def attach_density(model: torch.nn.Module, density: FeatureDensity | None) -> None:
+    """Make ``model`` (a controller or an ensemble) score every prediction with ``density`` (None: none),
+    its ``encode`` emitting the features the density reads."""
+    model.density = density
+    model.use_density_source("tokens" if density is None else density.source)
 
 
 def write_density(run_dir: str | Path, density: FeatureDensity) -> Path:
@@ -124,8 +146,46 @@ def read_density(run_dir: str | Path) -> FeatureDensity | None:
     mean, whitening = tensors.get("mean"), tensors.get("whitening")
     if mean is None or whitening is None or mean.dim() != 1 or tuple(whitening.shape) != (mean.shape[0], mean.shape[0]):
         raise DensityError(f"{path}: expected tensors mean [F] and whitening [F, F]")
+    source = metadata.get("source", "tokens")  # files written before sources existed are over tokens
+    if source not in DENSITY_SOURCES:
+        raise DensityError(f"{path}: source {source!r} is not one of {', '.join(DENSITY_SOURCES)}")
     try:
         return FeatureDensity(mean, whitening, float(metadata["jitter"]), tuple(json.loads(metadata["train_seeds"])),
-                              int(metadata["samples"]), metadata["data_fingerprint"])
+                              int(metadata["samples"]), metadata["data_fingerprint"], source)
     except (KeyError, ValueError) as exc:
         raise DensityError(f"{path}: bad or missing metadata field ({exc})") from None
+
+
+class ConvStatistics:
+    """While active, records the per-channel mean and standard deviation over the map of every
+    ``nn.Conv2d`` output in ``module`` (module order): :meth:`values` [N, P] for the N images of the last forward pass."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.convolutions = [layer for layer in module.modules() if isinstance(layer, torch.nn.Conv2d)]
+        if not self.convolutions:
+            raise ValueError(f"{type(module).__name__} has no convolutions to take statistics of")
+        self._maps: list[torch.Tensor] = []
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    @property
+    def width(self) -> int:
+        """P = 2 × the channels of all convolutions."""
+        return 2 * sum(layer.out_channels for layer in self.convolutions)
+
+    def _record(self, _layer: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
+        self._maps.append(torch.cat([output.mean((2, 3)), output.std((2, 3), unbiased=False)], 1))
+
+    def __enter__(self) -> "ConvStatistics":
+        self._maps.clear()
+        self._hooks = [layer.register_forward_hook(self._record) for layer in self.convolutions]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def values(self) -> torch.Tensor:
+        if len(self._maps) != len(self.convolutions):
+            raise RuntimeError(f"expected one output from each of {len(self.convolutions)} convolutions, got {len(self._maps)}")
+        return torch.cat(self._maps, 1)

@@ -2,3 +2,6 @@
 :data:`nsacdrive.controllers.registry.MODEL_BUILDERS` builds each one."""
 
 MODEL_NAMES = ("nsac", "gmle", "nac", "levy", "mcdropout", "ensemble", "evidential", "sdenet")
+
+#: The features a run's feature density may be over (:mod:`nsacdrive.controllers.density`; ``nsacdrive calibrate --density-source``).
+DENSITY_SOURCES = ("tokens", "tokens+conv")

@@ -9,7 +9,7 @@ import torch
 from nsacdrive.common.versions import check_versions
 from nsacdrive.controllers.calibration import read_calibration
 from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
-from nsacdrive.controllers.density import read_density
+from nsacdrive.controllers.density import attach_density, read_density
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 
@@ -43,5 +43,5 @@ def load_run(run_dir: str | Path, device: str = "cpu", raw: bool = False) -> tup
     model = build_controller(config.model)
     load_weights(model, run_dir / WEIGHTS_FILE)
     model.calibration = None if raw else read_calibration(run_dir)
-    model.density = read_density(run_dir)
+    attach_density(model, read_density(run_dir))
     return model.to(pick_device(device)).eval(), config

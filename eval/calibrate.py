@@ -10,7 +10,9 @@ before and after, so the effect is visible where it was fitted.
 The feature density (:mod:`nsacdrive.controllers.density`) is fitted on the run's training
 tracks instead (it describes what the encoder was trained on): the newest frame of an evenly
 spaced subset of at most ``density_samples`` training sequences, default colours, no
-augmentation, written as ``RUN/density.safetensors``.
+augmentation, written as ``RUN/density.safetensors``; over the tokens, or with ``density_source``
+"tokens+conv" over the tokens and the convolutions' statistics too (the module docstring of
+:mod:`nsacdrive.controllers.density` says when to prefer which).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.calibration import Calibration, data_fingerprint, fit_calibration, write_calibration
-from nsacdrive.controllers.density import DENSITY_FILE, FeatureDensity, fit_density, write_density
+from nsacdrive.controllers.density import DENSITY_FILE, FeatureDensity, attach_density, fit_density, write_density
 from nsacdrive.controllers.metrics import gaussian_nll, mace
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
@@ -53,7 +55,7 @@ class CalibrationSummary:
             a, b = cal.deviation_scale
             out.append("  deviation σ̂ → a·σ̂ + b (CRPS fit): " + ", ".join(f"{action} a {a[i]:.3g} b {b[i]:.3g}" for i, action in enumerate(ACTION_NAMES)))
         density = self.density
-        out.append(f"  density: {density.features} features of {density.samples} training sequences (tracks "
+        out.append(f"  density: {density.features} features ({density.source}) of {density.samples} training sequences (tracks "
                    f"{format_seeds(list(density.train_seeds))}), jitter {density.jitter:.2g} → {self.run}/{DENSITY_FILE}; "
                    f"validation score median {np.median(self.density_val):.2f}, 95th percentile {np.quantile(self.density_val, 0.95):.2f} "
                    "(its mean over the training features is 1)")
@@ -62,14 +64,16 @@ class CalibrationSummary:
 
 def calibrate_run(run_dir: str | Path, data: str | Path, max_samples: int | None = None, seed: int = 0,
                   loaded: tuple[torch.nn.Module, TrainConfig] | None = None,
-                  density_samples: int = DENSITY_SAMPLES, isotonic: bool = False) -> CalibrationSummary:
+                  density_samples: int = DENSITY_SAMPLES, isotonic: bool = False, density_source: str = "tokens") -> CalibrationSummary:
     """Fit and write ``run_dir``'s calibration on its validation split of ``data`` and its density on its training split.
 
     ``loaded``: the run's raw controller and config (``load_run(run_dir, raw=True)``) when the
-    caller holds them already. ``isotonic``: also fit the CDF recalibrator (Kuleshov et al. 2018)."""
+    caller holds them already. ``isotonic``: also fit the CDF recalibrator (Kuleshov et al. 2018).
+    ``density_source``: the density's features (:data:`nsacdrive.controllers.density.DENSITY_SOURCES`)."""
     run_dir = Path(run_dir)
     model, config = loaded if loaded is not None else load_run(run_dir, raw=True)
-    model.density = density = _fit_density(model, config, data, density_samples, run_dir)
+    density = _fit_density(model, config, data, density_samples, run_dir, density_source)
+    attach_density(model, density)
     seeds = parse_seeds(config.val_seeds, "val seeds")
     dataset = _clean_split(data, seeds, config, "validation", run_dir)
     fingerprint = data_fingerprint([record.sidecar["sha256"] for record in dataset.episodes])
@@ -96,8 +100,10 @@ def _clean_split(data: str | Path, seeds: list[int], config: TrainConfig, split:
 
 
 @torch.no_grad()
-def _fit_density(model: torch.nn.Module, config: TrainConfig, data: str | Path, samples: int, run_dir: Path) -> FeatureDensity:
+def _fit_density(model: torch.nn.Module, config: TrainConfig, data: str | Path, samples: int, run_dir: Path,
+                 source: str) -> FeatureDensity:
     """The density of the newest frame's features over at most ``samples`` evenly spaced training sequences."""
+    model.use_density_source(source)
     seeds = parse_seeds(config.train_seeds, "train seeds")
     dataset = _clean_split(data, seeds, config, "training", run_dir)
     features = []
@@ -105,4 +111,4 @@ def _fit_density(model: torch.nn.Module, config: TrainConfig, data: str | Path, 
         tokens = model.encode(network_frames(batch["frames"][:, -1:], dataset.kind), batch["speed"][:, -1:])
         features.append(model.density_features(tokens))
     fingerprint = data_fingerprint([record.sidecar["sha256"] for record in dataset.episodes])
-    return fit_density(torch.cat(features), tuple(seeds), fingerprint)
+    return fit_density(torch.cat(features), tuple(seeds), fingerprint, source)

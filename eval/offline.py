@@ -148,7 +148,8 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
     conditions.update({spec.name: ("default", spec) for spec in corruptions})
     out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {},
                            "recalibration": calibration.method if calibration is not None else "none",
-                           "density": getattr(model, "density", None) is not None}
+                           "density": getattr(model, "density", None) is not None,
+                           "density_source": model.density.source if getattr(model, "density", None) is not None else None}
     predictions = {}
     for name, (preset, corruption) in progress_bar(list(conditions.items()), desc=Path(run_dir).name, unit="condition",
                                                    disable=not progress):

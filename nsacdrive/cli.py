@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
 from nsacdrive.common.resume import SettingsChanged
-from nsacdrive.controllers.model_names import MODEL_NAMES
+from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.colours import list_presets
@@ -39,6 +39,7 @@ ObsKind = choice("ObsKind", OBS_KINDS)
 Backend = choice("Backend", BACKENDS)
 Inference = choice("Inference", INFERENCE_MODES)
 Split = choice("Split", OFFLINE_SPLITS)
+DensitySource = choice("DensitySource", DENSITY_SOURCES)
 PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 
@@ -417,6 +418,7 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="Seeds the prediction draws."),
     density_samples: int = typer.Option(DENSITY_SAMPLES, "--density-samples", min=2, help="Fit the feature density on an evenly spaced subset of at most this many training sequences."),
     isotonic: bool = typer.Option(False, "--isotonic", help="Also fit an isotonic recalibration of the predictive CDF (Kuleshov et al. 2018): it changes intervals and calibration curves, not the mean or variance."),
+    density_source: DensitySource = typer.Option("tokens", "--density-source", help="The feature density's features: the encoder's tokens (flags the shifts that reach the head), or tokens+conv, the tokens and every convolution's channel means and standard deviations (flags every input shift, harmless ones included)."),
 ) -> None:
     """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json) and
     its feature density on its training split (RUN/density.safetensors)."""
@@ -426,7 +428,7 @@ def calibrate(
     for run in runs:
         try:
             summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run), density_samples=density_samples,
-                                    isotonic=isotonic)
+                                    isotonic=isotonic, density_source=density_source.value)
         except ValueError as exc:
             typer.secho(f"error: {run}: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
@@ -482,7 +484,7 @@ def evaluate_offline(
     for result in results:
         extras = [f"recalibrated by calibration.json ({result['recalibration']}): the _cal columns" if result["recalibration"] != "none" else
                   ("raw only (--raw)" if raw else "raw only (no calibration.json: `nsacdrive calibrate`)"),
-                  "density score from density.safetensors" if result["density"] else "no density score"]
+                  f"density score ({result['density_source']}) from density.safetensors" if result["density"] else "no density score"]
         typer.echo(f"{result['run']}: {'; '.join(extras)}")
     typer.echo(f"\ncalibration: {results[0]['conditions']['clean']['calibration']}")
     typer.echo(f"tables → {out}/offline.md, offline.csv, offline.json")

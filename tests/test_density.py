@@ -13,8 +13,21 @@ from run_fixtures import tiny_run
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
-from nsacdrive.controllers.density import DENSITY_FILE, DensityError, FeatureDensity, fit_density, read_density, write_density
+from nsacdrive.controllers.density import (
+    DENSITY_FILE,
+    ConvStatistics,
+    DensityError,
+    FeatureDensity,
+    attach_density,
+    fit_density,
+    read_density,
+    write_density,
+)
+from nsacdrive.controllers.encoders import EncoderConfig
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import load_run
+from nsacdrive.envs.observation_kinds import preprocess_for
 
 
 def gaussian_features(n: int = 2000, f: int = 6, seed: int = 0) -> torch.Tensor:
@@ -92,6 +105,71 @@ def test_the_file_round_trips_and_a_broken_one_is_named(tmp_path):
         read_density(tmp_path)
 
 
+def test_a_file_names_an_unknown_source_and_an_old_file_without_one_is_over_tokens(tmp_path):
+    from safetensors.torch import save
+
+    density = fit_density(gaussian_features(), (), "")
+    tensors = {"mean": density.mean, "whitening": density.whitening.contiguous()}
+    metadata = {"method": "gaussian-mahalanobis", "jitter": repr(density.jitter), "train_seeds": "[]", "samples": "2000",
+                "data_fingerprint": ""}
+    (tmp_path / DENSITY_FILE).write_bytes(save(tensors, metadata))  # as written before sources existed
+    assert read_density(tmp_path).source == "tokens"
+    (tmp_path / DENSITY_FILE).write_bytes(save(tensors, {**metadata, "source": "pixels"}))
+    with pytest.raises(DensityError, match=r"density.safetensors: source 'pixels'"):
+        read_density(tmp_path)
+    with pytest.raises(ValueError, match=r"tokens, tokens\+conv"):
+        fit_density(gaussian_features(), (), "", source="pixels")
+    write_density(tmp_path, fit_density(gaussian_features(), (), "", source="tokens+conv"))
+    assert read_density(tmp_path).source == "tokens+conv"
+
+
+# --------------------------------------------------------------------------- convolution statistics
+
+def small_controller(model: str = "gmle", **kw):
+    torch.manual_seed(0)
+    return build_controller(ModelConfig(model=model, d_model=16, num_heads=4, topk=4,
+                                        encoder=EncoderConfig(token_dim=8, channels=(8, 8, 8)), **kw)).eval()
+
+
+def test_conv_statistics_are_every_convolution_s_channel_means_and_standard_deviations():
+    encoder = small_controller().encoder
+    frames = torch.rand(2, 3, 3, 84, 96)
+    with ConvStatistics(encoder) as statistics:
+        encoder(frames)
+    expected, x = [], frames.flatten(0, 1)
+    for layer in encoder.features:
+        x = layer(x)
+        if isinstance(layer, torch.nn.Conv2d):
+            expected.append(torch.cat([x.mean((2, 3)), x.std((2, 3), unbiased=False)], 1))
+    assert statistics.width == 2 * (8 + 8 + 8) == statistics.values().shape[1]
+    torch.testing.assert_close(statistics.values(), torch.cat(expected, 1))
+    encoder(frames)  # the hooks are gone once the block ends
+    assert statistics.values().shape == (6, statistics.width)
+    with pytest.raises(ValueError, match="no convolutions"):
+        ConvStatistics(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("model", ["nsac", "ensemble"])
+def test_tokens_plus_conv_adds_the_newest_frame_s_statistics_to_the_features_and_leaves_the_prediction_alone(model):
+    controller = small_controller(model, members=2) if model == "ensemble" else small_controller(model)
+    frames, times = torch.rand(3, 4, 3, 84, 96), torch.linspace(-0.12, 0.0, 4).expand(3, 4)
+    torch.manual_seed(5)
+    plain = controller.predict(frames, times, samples=4)
+    controller.use_density_source("tokens+conv")
+    torch.manual_seed(5)
+    with_statistics = controller.predict(frames, times, samples=4)
+    for field in ("mean", "aleatoric", "epistemic"):  # the head sees the same tokens
+        torch.testing.assert_close(getattr(with_statistics, field), getattr(plain, field))
+    members = controller.members if model == "ensemble" else [controller]
+    features = controller.density_features(controller.encode(frames))
+    expected = []
+    for member in members:
+        with ConvStatistics(member.encoder) as statistics:
+            tokens = member.tokens(frames[:, -1:])
+        expected += [tokens.mean(1), statistics.values()]
+    torch.testing.assert_close(features, torch.cat(expected, 1))
+
+
 # --------------------------------------------------------------------------- with a run
 
 
@@ -121,10 +199,11 @@ def test_evaluate_offline_reports_the_density_auroc_and_both_raw_and_calibrated_
     result = CliRunner().invoke(app, ["evaluate-offline", str(run), "--data", str(run.parent / "data"), "--corruptions",
                                       "fog-5", "--out", str(tmp_path / "table")])
     assert result.exit_code == 0, result.output
-    assert "density score from density.safetensors" in result.output
+    assert "density score (tokens) from density.safetensors" in result.output
     (saved,) = json.loads((tmp_path / "table" / "offline.json").read_text())["results"]
     components = saved["ood_auroc_conditions"]["fog-5"]["components"]
     assert set(components) == {"total", "aleatoric", "epistemic", "density"} and 0.0 <= components["density"] <= 1.0
+    assert saved["density"] is True and saved["density_source"] == "tokens"
     clean = saved["conditions"]["clean"]
     scale = json.loads((run / "calibration.json").read_text())["variance_scale"]
     raw_nll, cal_nll = clean["per_action"]["steer"]["nll"], clean["per_action_calibrated"]["steer"]["nll"]
@@ -137,3 +216,30 @@ def test_closed_loop_logs_the_density_of_every_step(run):
 
     _, log = run_episode(EpisodeKey(str(run), "default", 5, 0), DriveConfig(max_steps=20))
     assert log["density"].shape == (len(log["speed"]),) and bool(np.isfinite(log["density"]).all())
+
+
+def test_calibrate_fits_a_tokens_plus_conv_density_that_the_closed_loop_reads_from_its_cached_frames(tmp_path):
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+    from nsacdrive.eval.driver import ControllerPolicy
+
+    # narrow convolutions: the statistics of three tracks' sequences must outnumber the features
+    run = tiny_run(tmp_path, seeds=(0, 1, 2, 3, 4), split=("0-2", "3", "4"), encoder=EncoderConfig(token_dim=16, channels=(8, 8, 8)))
+    result = CliRunner().invoke(app, ["calibrate", str(run), "--data", str(tmp_path / "data"), "--density-source", "tokens+conv"])
+    assert result.exit_code == 0, result.output
+    assert "(tokens+conv)" in result.output
+    density = read_density(run)
+    model, _ = load_run(run)
+    assert density.source == "tokens+conv" and density.features == 16 + ConvStatistics(model.encoder).width == 16 + 48
+    assert model.density_source == "tokens+conv"
+    # the driver caches each frame's encoding (statistics included) and predicts from the history: as a whole sequence does
+    policy = ControllerPolicy(run)
+    frames = np.random.default_rng(0).integers(0, 256, (7, 96, 96, 3), dtype=np.uint8)
+    for frame in frames:
+        cached = policy.predict_episodes([0], frame[None], np.array([20.0])).density
+    newest = model.density_features(model.encode(torch.from_numpy(preprocess_for("carracing")(frames[-1:]))[:, None],
+                                                   torch.tensor([[20.0]])))
+    torch.testing.assert_close(cached, density.score(newest), rtol=1e-4, atol=1e-4)
+    _, log = run_episode(EpisodeKey(str(run), "default", 5, 0), DriveConfig(max_steps=20))
+    assert bool(np.isfinite(log["density"]).all())
+    attach_density(model, None)
+    assert model.density_source == "tokens" and model.density is None
