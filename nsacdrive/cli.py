@@ -418,7 +418,7 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="Seeds the prediction draws."),
     density_samples: int = typer.Option(DENSITY_SAMPLES, "--density-samples", min=2, help="Fit the feature density on an evenly spaced subset of at most this many training sequences."),
     isotonic: bool = typer.Option(False, "--isotonic", help="Also fit an isotonic recalibration of the predictive CDF (Kuleshov et al. 2018): it changes intervals and calibration curves, not the mean or variance."),
-    density_source: DensitySource = typer.Option("tokens", "--density-source", help="The feature density's features: the encoder's tokens (flags the shifts that reach the head), or tokens+conv, the tokens and every convolution's channel means and standard deviations (flags every input shift, harmless ones included)."),
+    density_source: DensitySource = typer.Option("tokens", "--density-source", help="The feature density's features: the encoder's tokens (flags the shifts that reach the head), or tokens+conv, the tokens and every convolution's channel means and root mean squares (flags every input shift, harmless ones included)."),
 ) -> None:
     """Fit each run's variance scaling and conformal widths on its validation split (RUN/calibration.json) and
     its feature density on its training split (RUN/density.safetensors)."""
