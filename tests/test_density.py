@@ -168,6 +168,8 @@ def test_tokens_plus_conv_adds_the_newest_frame_s_statistics_to_the_features_and
             tokens = member.tokens(frames[:, -1:])
         expected += [tokens.mean(1), statistics.values()]
     torch.testing.assert_close(features, torch.cat(expected, 1))
+    with pytest.raises(ValueError, match="density source must be one of tokens, tokens"):
+        controller.use_density_source("tokens+conv2d")
 
 
 # --------------------------------------------------------------------------- with a run
