@@ -125,10 +125,16 @@ def test_a_file_names_an_unknown_source_and_an_old_file_without_one_is_over_toke
 
 # --------------------------------------------------------------------------- convolution statistics
 
-def small_controller(model: str = "gmle", **kw):
+def small_controller(model: str = "gmle", encoder: str = "cnn", **kw):
     torch.manual_seed(0)
-    return build_controller(ModelConfig(model=model, d_model=16, num_heads=4, topk=4,
-                                        encoder=EncoderConfig(token_dim=8, channels=(8, 8, 8)), **kw)).eval()
+    observation = {"observation": "udacity"} if encoder == "nvidia" else {}
+    return build_controller(ModelConfig(model=model, d_model=16, num_heads=4, topk=4, **observation,
+                                        encoder=EncoderConfig(kind=encoder, token_dim=8, channels=(8, 8, 8)), **kw)).eval()
+
+
+def controller_frame_shape(controller) -> tuple[int, int, int]:
+    encoder = (controller.members[0] if hasattr(controller, "members") else controller).encoder
+    return encoder.FRAME_SHAPE
 
 
 def test_conv_statistics_are_every_convolution_s_channel_means_and_root_mean_squares():
@@ -149,10 +155,11 @@ def test_conv_statistics_are_every_convolution_s_channel_means_and_root_mean_squ
         ConvStatistics(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("model", ["nsac", "ensemble"])
-def test_tokens_plus_conv_adds_the_newest_frame_s_statistics_to_the_features_and_leaves_the_prediction_alone(model):
-    controller = small_controller(model, members=2) if model == "ensemble" else small_controller(model)
-    frames, times = torch.rand(3, 4, 3, 84, 96), torch.linspace(-0.12, 0.0, 4).expand(3, 4)
+@pytest.mark.parametrize(("model", "encoder"), [("nsac", "cnn"), ("ensemble", "cnn"), ("nsac", "nvidia")])
+def test_tokens_plus_conv_adds_the_newest_frame_s_statistics_to_the_features_and_leaves_the_prediction_alone(model, encoder):
+    kw = {"members": 2} if model == "ensemble" else {}
+    controller = small_controller(model, encoder, **kw)
+    frames, times = torch.rand(3, 4, *controller_frame_shape(controller)), torch.linspace(-0.12, 0.0, 4).expand(3, 4)
     torch.manual_seed(5)
     plain = controller.predict(frames, times, samples=4)
     controller.use_density_source("tokens+conv")
