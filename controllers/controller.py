@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from nsacdrive.controllers.calibration import Calibration, calibrated
-from nsacdrive.controllers.density import ConvStatistics, FeatureDensity
+from nsacdrive.controllers.density import ConvStatistics, FeatureDensity, check_density_source
 from nsacdrive.controllers.heads import UncertaintyHead
-from nsacdrive.controllers.model_names import DENSITY_SOURCES
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
 
@@ -76,8 +75,7 @@ class Controller(nn.Module):
 
     def use_density_source(self, source: str) -> None:
         """What :meth:`encode` emits: tokens, or tokens and convolution statistics (``DENSITY_SOURCES``)."""
-        if source not in DENSITY_SOURCES:
-            raise ValueError(f"density source must be one of {', '.join(DENSITY_SOURCES)}, got {source!r}")
+        check_density_source(source)
         self.density_source = source
 
     def density_features(self, encoded: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,12 @@ RELATIVE_JITTER = 1e-6
 _MAX_JITTER_TRIES = 12
 
 
+def check_density_source(source: str) -> None:
+    """ValueError unless ``source`` is one of :data:`DENSITY_SOURCES`."""
+    if source not in DENSITY_SOURCES:
+        raise ValueError(f"density source must be one of {', '.join(DENSITY_SOURCES)}, got {source!r}")
+
+
 class DensityError(ValueError):
     """A density file that cannot be used, with the file and the field in the message."""
 
@@ -68,8 +74,7 @@ class FeatureDensity:
     source: str = "tokens"
 
     def __post_init__(self) -> None:
-        if self.source not in DENSITY_SOURCES:
-            raise ValueError(f"density source must be one of {', '.join(DENSITY_SOURCES)}, got {self.source!r}")
+        check_density_source(self.source)
 
     @property
     def features(self) -> int:
