@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import spread_cell
 from nsacdrive.eval.misbehaviour import misbehaviour_events
 from nsacdrive.eval.results import load_episode, load_records
 
@@ -99,8 +100,8 @@ def _fallback_share(episodes: dict[Key, Episode], keys: Sequence[Key]) -> float:
 
 
 def _mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 0) -> str:
-    values = [v * scale for v in values if np.isfinite(v)]
-    return "–" if not values else f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+    kept = [v * scale for v in values if np.isfinite(v)]
+    return "–" if not kept else spread_cell(float(np.mean(kept)), float(np.std(kept)), len(kept), len(values), digits)
 
 
 def to_markdown(effects: Sequence[SeedEffect]) -> str:

@@ -49,8 +49,8 @@ class Controller(nn.Module):
         self.calibration: Calibration | None = None  # set by load_run from RUN/calibration.json; applied to every prediction
         #: scores every prediction; set by nsacdrive.controllers.density.attach_density (load_run: RUN/density.safetensors)
         self.density: FeatureDensity | None = None
-        #: what :meth:`encode` emits for the density: "tokens+conv" appends each frame's convolution statistics to its tokens
-        self.density_source = "tokens"
+        #: set for a "tokens+conv" density: :meth:`encode` then appends each frame's convolution statistics to its tokens
+        self.conv_statistics: ConvStatistics | None = None
         self.tokens_per_frame = int(getattr(encoder, "TOKENS_PER_FRAME", 1))  # encoders that declare none emit one
         self.speed_embedding = nn.Linear(1, token_dim) if speed_input else None
 
@@ -73,10 +73,15 @@ class Controller(nn.Module):
         """[B, T] → [B, T·K]: each frame's value for each of its K tokens."""
         return per_frame if self.tokens_per_frame == 1 else per_frame.repeat_interleave(self.tokens_per_frame, dim=1)
 
+    @property
+    def density_source(self) -> str:
+        """What :meth:`encode` emits: "tokens", or "tokens+conv" (tokens and convolution statistics)."""
+        return "tokens" if self.conv_statistics is None else "tokens+conv"
+
     def use_density_source(self, source: str) -> None:
-        """What :meth:`encode` emits: tokens, or tokens and convolution statistics (``DENSITY_SOURCES``)."""
+        """Make :meth:`encode` emit what a density over ``source`` reads (``DENSITY_SOURCES``)."""
         check_density_source(source)
-        self.density_source = source
+        self.conv_statistics = ConvStatistics(self.encoder) if source == "tokens+conv" else None
 
     def density_features(self, encoded: torch.Tensor) -> torch.Tensor:
         """:meth:`encode`'s output [B, T·K, D (+ P)] → the newest frame's K rows averaged, [B, D (+ P)]
@@ -112,18 +117,19 @@ class Controller(nn.Module):
         With ``density_source`` "tokens+conv" each token carries its frame's P convolution
         statistics after its D channels, [B, T·K, D + P] (:class:`nsacdrive.controllers.density.ConvStatistics`);
         :meth:`predict_tokens` hands the head the first D."""
-        if self.density_source == "tokens":
+        statistics = self.conv_statistics
+        if statistics is None:
             return self.tokens(frames, speed)
-        with ConvStatistics(self.encoder) as statistics:
+        with statistics:
             tokens = self.tokens(frames, speed)
         per_frame = statistics.values().unflatten(0, frames.shape[:2]).to(tokens)  # [B, T, P]
         return torch.cat([tokens, self._per_token(per_frame)], -1)
 
     def _head_tokens(self, encoded: torch.Tensor) -> torch.Tensor:
         """The tokens of :meth:`encode`'s output, without the statistics it may carry."""
-        if self.density_source == "tokens":
+        if self.conv_statistics is None:
             return encoded
-        return encoded[..., :encoded.shape[-1] - ConvStatistics(self.encoder).width]
+        return encoded[..., :encoded.shape[-1] - self.conv_statistics.width]
 
     @torch.no_grad()
     def predict_tokens(self, tokens: torch.Tensor, timestamps: torch.Tensor, samples: int = 20,

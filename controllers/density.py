@@ -171,11 +171,8 @@ class ConvStatistics:
             raise ValueError(f"{type(module).__name__} has no convolutions to take statistics of")
         self._maps: list[torch.Tensor] = []
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
-
-    @property
-    def width(self) -> int:
-        """P = 2 × the channels of all convolutions."""
-        return 2 * sum(layer.out_channels for layer in self.convolutions)
+        #: P = 2 × the channels of all convolutions
+        self.width = 2 * sum(layer.out_channels for layer in self.convolutions)
 
     def _record(self, _layer: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
         # the root mean square, not the standard deviation: as informative beside the mean, free of

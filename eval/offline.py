@@ -146,10 +146,10 @@ def evaluate_run(run_dir: Path, data: Path, split: str = "test", perturbed_prese
     if perturbed_preset:
         conditions[perturbed_preset] = (perturbed_preset, None)
     conditions.update({spec.name: ("default", spec) for spec in corruptions})
+    density = getattr(model, "density", None)
     out: dict[str, Any] = {"run": str(run_dir), "model": config.model.model, "split": split, "seeds": seeds, "conditions": {},
                            "recalibration": calibration.method if calibration is not None else "none",
-                           "density": getattr(model, "density", None) is not None,
-                           "density_source": model.density.source if getattr(model, "density", None) is not None else None}
+                           "density": density is not None, "density_source": None if density is None else density.source}
     predictions = {}
     for name, (preset, corruption) in progress_bar(list(conditions.items()), desc=Path(run_dir).name, unit="condition",
                                                    disable=not progress):
