@@ -358,7 +358,7 @@ class SequenceDataset(Dataset):
             "action": torch.from_numpy(np.ascontiguousarray(labels[:, -1])),
             "action_sequence": torch.from_numpy(labels),
             "speed": torch.from_numpy(speed),
-            "timestamps": self.timestamps.expand(len(items), -1),
+            "timestamps": self.timestamps.repeat(len(items), 1),  # its own memory: a CUDA loader pins every tensor
             "episode": torch.from_numpy(episodes),
             "step": torch.from_numpy(newest),
         }

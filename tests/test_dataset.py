@@ -160,6 +160,17 @@ def test_dataloader_batches(small):
     assert sum(len(b["step"]) for b in loader) == len(ds)
 
 
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_every_tensor_of_a_batch_owns_its_memory_so_a_cuda_loader_can_pin_it(small, per_sample):
+    # pin_memory() refuses a tensor whose elements share memory (an expand()ed view): on a GPU
+    # machine the training loader pins every batch, so each tensor must be contiguous.
+    root, _ = small
+    ds = SequenceDataset(root, sequence_length=3, frame_stride=2, skip_intro=0, cache_episodes=2,
+                         corruption=(lambda frames, episode, step: frames) if per_sample else None)  # the raw-frame path
+    batch = ds.__getitems__(list(range(8)))
+    assert all(tensor.is_contiguous() for tensor in batch.values()), {k: v.stride() for k, v in batch.items()}
+
+
 # --------------------------------------------------------------------------- seeds and splits
 
 
