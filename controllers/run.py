@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -19,6 +20,18 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def use_deterministic_kernels(device: torch.device) -> None:
+    """On CUDA, pick deterministic cuDNN and CUDA kernels (process-wide), so one seed gives one set of
+    weights on one GPU and ``--resume`` continues exactly, as on the CPU; an op with no deterministic
+    CUDA kernel warns instead of failing. Nothing to do on the CPU."""
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS reads it when its handle is made
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:

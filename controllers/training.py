@@ -67,7 +67,7 @@ from nsacdrive.controllers.checkpoint import (
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
-from nsacdrive.controllers.run import pick_device
+from nsacdrive.controllers.run import pick_device, use_deterministic_kernels
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import augment_sequence
 from nsacdrive.data_collection.dataset import (
@@ -125,6 +125,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.device = pick_device(self.config.device)
+        use_deterministic_kernels(self.device)
         torch.manual_seed(self.config.seed)
         self.model = build_controller(self.config.model).to(self.device)
         cfg = self.config

@@ -103,7 +103,7 @@ def test_init_from_another_architecture_is_refused_another_loss_is_not(bc_run, t
     beta_nll = dataclasses.replace(config.model, nll_beta=0.5)  # the loss's weighting shapes no weight
     trainer = Trainer(dataclasses.replace(config, model=beta_nll, init_from=str(bc_run)), tmp_path / "beta", progress=False)
     start, state = load_file(bc_run / "model.safetensors"), trainer.model.state_dict()
-    assert start and all(torch.equal(state[name], value) for name, value in start.items())
+    assert start and all(torch.equal(state[name].cpu(), value) for name, value in start.items())
 
 
 def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run, tmp_path):

@@ -36,7 +36,8 @@ def tiny_data(tmp_path) -> Path:
 
 def tiny_config(data: Path, **overrides: Any) -> TrainConfig:
     base = dict(data=str(data), model=TINY_MODEL, train_seeds="0", val_seeds="1", test_seeds="2", batch_size=8, epochs=2,
-                max_batches_per_epoch=3, max_val_batches=1)
+                max_batches_per_epoch=3, max_val_batches=1,
+                device="cpu")  # resumed runs are compared bit for bit: a CPU claim (CUDA: tests/test_accelerator.py)
     return TrainConfig(**{**base, **overrides})
 
 

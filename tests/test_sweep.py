@@ -27,7 +27,7 @@ def data(tmp_path_factory):
 
 def tiny(data, model: str = "gmle") -> TrainConfig:
     return TrainConfig(data=str(data), model=ModelConfig(model=model, **TINY_MODEL), train_seeds="0", val_seeds="1", test_seeds="2",
-                       batch_size=8, epochs=1, max_batches_per_epoch=2, max_val_batches=1)
+                       batch_size=8, epochs=1, max_batches_per_epoch=2, max_val_batches=1, device="cpu")  # same weights on every backend: CPU
 
 
 def weights(folder) -> bytes:

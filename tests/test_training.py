@@ -44,7 +44,8 @@ def dataset(tmp_path_factory):
 
 def tiny_config(dataset, model: str, **overrides) -> TrainConfig:
     base = dict(data=str(dataset), model=tiny_model(model), train_seeds="0", val_seeds="1", test_seeds="2",
-                batch_size=8, epochs=1, max_batches_per_epoch=2, max_val_batches=1, seed=3)
+                batch_size=8, epochs=1, max_batches_per_epoch=2, max_val_batches=1, seed=3,
+                device="cpu")  # bit-exact claims are the CPU's; tests/test_accelerator.py covers CUDA
     return TrainConfig(**{**base, **overrides})
 
 

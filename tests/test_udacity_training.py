@@ -238,7 +238,7 @@ def test_frame_kind_must_match_the_observation(recording, short_episodes, tmp_pa
 
 def tiny_config(recording, name: str, **overrides) -> TrainConfig:
     base = dict(data=f"udacity:{recording.folder}", model=tiny_model(name), sequence_length=3, frame_stride=1,
-                batch_size=4, epochs=1, max_batches_per_epoch=2, max_val_batches=1, seed=2)
+                batch_size=4, epochs=1, max_batches_per_epoch=2, max_val_batches=1, seed=2, device="cpu")
     return TrainConfig(**{**base, **overrides})
 
 
