@@ -1,9 +1,11 @@
 """Training and control on an accelerator, against this machine's CPU, side by side in one run.
 
 * training: samples/s of NSAC steps on the quality recipe's controller (``configs/quality.json``:
-  CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, the batch arriving as the
-  data pipeline makes it (uint8, moved to the device, scaled there), on the CPU (one thread) and
-  on CUDA;
+  CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, and seconds per step of the
+  front-camera recipe (``configs/front-camera.json``: NVIDIA encoder, batch 32, twins for a
+  quarter; issue 19's target ≤ 0.3 s), each batch arriving as the data pipeline makes it (uint8,
+  moved to the device, scaled there) and perturbed as the recipe says, on the CPU (one thread)
+  and on CUDA;
 * control: one lockstep prediction for B episodes (newest frame encoded, tokens gathered from
   the ring, 20 draws with each episode's own stream) at B = 1, 11 and 64, on the CPU and on CUDA.
 
@@ -23,18 +25,20 @@ import torch
 
 from bench.common import print_table, save_results
 from nsacdrive.controllers.model_config import ModelConfig
-from nsacdrive.controllers.objectives import gaussian_perturbation
+from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import network_frames
 from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
+FRONT_CAMERA_TARGET_S = 0.3
 
 
-def quality_model() -> ModelConfig:
-    settings = json.loads((ROOT / "configs" / "quality.json").read_text())
-    return TrainConfig.from_dict({**settings, "data": "unused"}).model
+def recipe(name: str) -> TrainConfig:
+    """The training recipe of ``configs/<name>.json`` (its data folder is not read)."""
+    settings = json.loads((ROOT / "configs" / f"{name}.json").read_text())
+    return TrainConfig.from_dict({**settings, "data": "unused"})
 
 
 def synchronise(device: torch.device) -> None:
@@ -55,27 +59,29 @@ def timed(step, device: torch.device, repeats: int) -> float:
     return float(np.median(times))
 
 
-def training_rate(config: ModelConfig, device: torch.device, batch: int, repeats: int) -> float:
-    """NSAC training samples/s with uint8 batches scaled on ``device``."""
+def training_step_seconds(config: TrainConfig, device: torch.device, batch: int, repeats: int) -> float:
+    """Seconds per optimiser step of ``config``'s model at ``batch``: uint8 frames moved to ``device`` and
+    scaled there, twins made by the recipe's perturbation for its share of the batch."""
     torch.manual_seed(0)
-    model = build_controller(config).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), 1e-3)
-    kind = observation_kind(config.observation)
-    frames = torch.randint(0, 256, (batch, 4, *kind.frame_shape), dtype=torch.uint8).pin_memory() if device.type == "cuda" \
-        else torch.randint(0, 256, (batch, 4, *kind.frame_shape), dtype=torch.uint8)
-    times = torch.tensor([[-0.12, -0.08, -0.04, 0.0]], device=device).expand(batch, 4)
-    target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, 4, device=device)
-    generator = torch.Generator().manual_seed(1)
+    model = build_controller(config.model).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), config.lr)
+    kind = observation_kind(config.model.observation)
+    frames = torch.randint(0, 256, (batch, config.sequence_length, *kind.frame_shape), dtype=torch.uint8)
+    frames = frames.pin_memory() if device.type == "cuda" else frames
+    times = torch.linspace(-0.12, 0.0, config.sequence_length, device=device).expand(batch, -1)
+    target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, config.sequence_length, device=device)
+    perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean,
+                                config.perturb_std, config.twin_fraction)
 
     def step() -> None:
         inputs = network_frames(frames.to(device, non_blocking=True), kind)
-        loss = model.training_loss(inputs, times, target, perturb=lambda x: gaussian_perturbation(x, 0.0, 0.2, generator),
-                                   speed=speed)["total"]
+        loss = model.training_loss(inputs, times, target, perturb=perturb,
+                                   speed=speed if config.model.speed_input else None)["total"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
-    return batch / timed(step, device, repeats)
+    return timed(step, device, repeats)
 
 
 def control_latency(config: ModelConfig, device: torch.device, episodes: int, repeats: int) -> float:
@@ -107,19 +113,28 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 10
-    config = quality_model()
+    quality, front = recipe("quality"), recipe("front-camera")
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results: dict[str, dict | None] = {"cpu": None, "cuda": None}
     for device in devices:
         results[device.type] = {
-            "train_samples_per_s": training_rate(config, device, 64, repeats),
-            "control_ms": {str(b): control_latency(config, device, b, 3 * repeats) for b in (1, 11, 64)},
+            "train_samples_per_s": 64 / training_step_seconds(quality, device, 64, repeats),
+            "front_camera_step_s": training_step_seconds(front, device, front.batch_size, repeats),
+            "control_ms": {str(b): control_latency(quality.model, device, b, 3 * repeats) for b in (1, 11, 64)},
             "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
         }
     cpu, gpu = results["cpu"], results["cuda"]
-    rows = [("training samples/s, quality NSAC, batch 64 (uint8 batches scaled on the device)",
-             f"CPU {cpu['train_samples_per_s']:.0f}" + (f" / CUDA {gpu['train_samples_per_s']:.0f} "
-                                                       f"({gpu['train_samples_per_s'] / cpu['train_samples_per_s']:.1f}×)" if gpu else ""))]
+
+    def cells(key: str, digits: int, speedup: bool = False) -> str:
+        text = f"CPU {cpu[key]:.{digits}f}"
+        if gpu:
+            factor = gpu[key] / cpu[key] if speedup else cpu[key] / gpu[key]
+            text += f" / CUDA {gpu[key]:.{digits}f} ({factor:.1f}×)"
+        return text
+
+    rows = [("training samples/s, quality NSAC, batch 64 (uint8 batches scaled on the device)", cells("train_samples_per_s", 0, True)),
+            (f"front-camera training step s, batch {front.batch_size} (target ≤ {FRONT_CAMERA_TARGET_S} s)",
+             cells("front_camera_step_s", 3))]
     for b in ("1", "11", "64"):
         rows.append((f"control ms, {b} episode(s) in lockstep, 20 draws",
                      f"CPU {cpu['control_ms'][b]:.2f}" + (f" / CUDA {gpu['control_ms'][b]:.2f}" if gpu else "")))

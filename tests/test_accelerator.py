@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 import torch
 from run_fixtures import tiny_run
+from safetensors.torch import load_file
+from typer.testing import CliRunner
 
+from nsacdrive.cli import app
 from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.controllers.run import load_run, read_run_config
@@ -64,6 +67,29 @@ def test_training_on_cuda_gives_a_run_that_loads_anywhere(run, tmp_path):
     state = Trainer(config, tmp_path / "gpu", progress=False).fit()
     assert np.isfinite(state.best_val)
     model, _ = load_run(tmp_path / "gpu")  # weights saved from the GPU load on the CPU
+    assert next(model.parameters()).device.type == "cpu"
+
+
+@cuda
+def test_one_seed_gives_one_set_of_weights_on_cuda(run, tmp_path):
+    config = dataclasses.replace(read_run_config(run), device="cuda", max_batches_per_epoch=4)
+    for name in ("first", "second"):
+        Trainer(config, tmp_path / name, progress=False).fit()
+    first, second = (load_file(tmp_path / name / "model.safetensors") for name in ("first", "second"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@cuda
+@pytest.mark.parametrize("observation", ["carracing", "udacity"])
+def test_nsacdrive_train_device_cuda_trains_both_cameras(tmp_path, observation):
+    recipe = tiny_run(tmp_path / "recipe", model="nsac", observation=observation, batches=2)
+    result = CliRunner().invoke(app, ["train", "--config", str(recipe / "config.json"), "--out", str(tmp_path / "gpu"),
+                                      "--device", "cuda", "--max-batches-per-epoch", "3"])
+    assert result.exit_code == 0, result.output
+    assert read_run_config(tmp_path / "gpu").device == "cuda"
+    history = json.loads((tmp_path / "gpu" / "history.json").read_text())
+    assert history and all(np.isfinite(epoch["val_total"]) for epoch in history)
+    model, _ = load_run(tmp_path / "gpu")
     assert next(model.parameters()).device.type == "cpu"
 
 
