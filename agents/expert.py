@@ -23,6 +23,11 @@ import numpy as np
 from nsacdrive.envs.state import PrivilegedState
 
 
+def clamp(value: float, low: float, high: float) -> float:
+    """``value`` limited to [low, high], as a float (np.clip's Python wrapper costs ~15 µs a scalar)."""
+    return float(min(max(value, low), high))
+
+
 @dataclass(frozen=True)
 class PurePursuitConfig:
     """Defaults tuned on track seeds 0–99 (grid and random search, render-free): mean score 923.5,
@@ -117,18 +122,18 @@ class PurePursuitExpert:
         right = pose.right
         forward = np.array([-np.sin(pose.angle), np.cos(pose.angle)])
         command = cfg.steer_gain * np.arctan2(delta @ right, delta @ forward)  # > 0: the target lies to the right
-        return float(np.tanh(command) if cfg.soft_steer else np.clip(command, -1.0, 1.0))
+        return float(np.tanh(command) if cfg.soft_steer else clamp(command, -1.0, 1.0))
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
         cfg = self.cfg
         speed = state.pose.forward_speed
         steer = self.steer(state)
         speed_error = self.target_speed(state) - speed
-        gas = float(np.clip(cfg.throttle_gain * speed_error, 0.0, cfg.max_throttle))
+        gas = clamp(cfg.throttle_gain * speed_error, 0.0, cfg.max_throttle)
         gas *= max(0.0, 1.0 - cfg.throttle_steer_cut * abs(steer))
         if state.pose.rear_wheel_slip > cfg.max_wheel_spin:
             gas = 0.0
-        brake = float(np.clip(cfg.brake_gain * (-speed_error - cfg.brake_margin), 0.0, 0.85))
+        brake = clamp(cfg.brake_gain * (-speed_error - cfg.brake_margin), 0.0, 0.85)
         if state.pose.front_wheel_slip < -cfg.max_wheel_skid:
             brake = 0.0
         return np.array([steer, gas, brake], dtype=np.float32)

@@ -79,7 +79,8 @@ class TrackGeometry:
         flat = query.reshape(-1, 2)
         rel = flat[:, None, :] - self.points[None, :, :]  # (M, N, 2)
         t = np.einsum("mnk,nk->mn", rel, self.segments) / self.segment_length**2
-        np.clip(t, 0.0, 1.0, out=t)
+        np.maximum(t, 0.0, out=t)  # = np.clip, without its Python wrapper (called every env step)
+        np.minimum(t, 1.0, out=t)
         offset = rel - t[..., None] * self.segments[None]
         dist2 = np.einsum("mnk,mnk->mn", offset, offset)
         index = np.argmin(dist2, axis=1)
@@ -110,10 +111,14 @@ class TrackGeometry:
         return wrap_angle(np.asarray(hull_angle) - self.travel_angle(segment_index))
 
     # ------------------------------------------------------------------ along the track
+    def _vertex_before(self, s: np.ndarray) -> np.ndarray:
+        """Index of the segment holding each arc length ``s`` in [0, length)."""
+        return np.minimum(np.maximum(np.searchsorted(self.vertex_arc, s, side="right") - 1, 0), len(self.points) - 1)
+
     def point_at(self, arc: np.ndarray) -> np.ndarray:
         """Centreline points (..., 2) at arc lengths (any real value; the track is periodic)."""
         s = np.mod(np.asarray(arc, dtype=np.float64), self.length)
-        index = np.clip(np.searchsorted(self.vertex_arc, s, side="right") - 1, 0, len(self.points) - 1)
+        index = self._vertex_before(s)
         frac = (s - self.vertex_arc[index]) / self.segment_length[index]
         return self.points[index] + frac[..., None] * self.segments[index]
 
@@ -122,7 +127,7 @@ class TrackGeometry:
         arc = np.asarray(arc, dtype=np.float64)
         laps = np.floor(arc / self.length)
         s = arc - laps * self.length
-        index = np.clip(np.searchsorted(self.vertex_arc, s, side="right") - 1, 0, len(self.points) - 1)
+        index = self._vertex_before(s)
         return self._heading_at_vertex[index] + laps * self.total_turn
 
     def mean_curvature(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -77,7 +77,7 @@ def car_pose(car) -> CarPose:
 
 
 def _wheel_slip(wheels, forward_speed: float) -> float:
-    return float(np.mean([w.omega * w.wheel_rad for w in wheels]) - forward_speed)
+    return float(sum(w.omega * w.wheel_rad for w in wheels) / len(wheels) - forward_speed)
 
 
 @dataclass(frozen=True)

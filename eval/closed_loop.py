@@ -214,6 +214,30 @@ def episode_generator(key: EpisodeKey) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(key.track_seed, key.repeat))
 
 
+@dataclass(frozen=True)
+class PredictionRows:
+    """A lockstep group's prediction as numpy arrays, one row per episode: converted once per step
+    for the whole group, so no episode pays for torch indexing and conversions of its own row."""
+
+    mean: np.ndarray
+    action: np.ndarray  # the mean clipped to the action box, float32
+    std: np.ndarray  # predictive std per action
+    finite: np.ndarray  # whether each row's mean is finite
+    aleatoric: np.ndarray
+    epistemic: np.ndarray
+    attention: np.ndarray
+    density: np.ndarray
+
+    @classmethod
+    def of(cls, prediction: UncertainPrediction) -> PredictionRows:
+        """``prediction`` (on the CPU, attention and density filled in) as rows."""
+        mean = prediction.mean
+        return cls(mean=mean.numpy(), action=clip_to_box(mean).numpy().astype(np.float32),
+                   std=torch.sqrt(prediction.total).numpy(), finite=torch.isfinite(mean).all(dim=1).numpy(),
+                   aleatoric=prediction.aleatoric.numpy(), epistemic=prediction.epistemic.numpy(),
+                   attention=prediction.attention.numpy(), density=prediction.density.numpy())
+
+
 class EpisodeDrive:
     """One episode of a lockstep group: its env, what it has seen, and its per-step log.
 
@@ -265,26 +289,24 @@ class EpisodeDrive:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.traceback = traceback.format_exc()
 
-    def step(self, prediction: UncertainPrediction, row: int, std: np.ndarray) -> None:
-        """Act on row ``row`` of the group's prediction (``std``: its predictive std per action)
-        and advance the env one step."""
+    def step(self, rows: PredictionRows, row: int) -> None:
+        """Act on row ``row`` of the group's prediction and advance the env one step."""
         try:
-            mean = prediction.mean[row]
-            if not bool(torch.isfinite(mean).all()):
-                raise FloatingPointError(f"non-finite action {mean.numpy().tolist()}")
-            action = clip_to_box(mean).numpy().astype(np.float32)
+            if not rows.finite[row]:
+                raise FloatingPointError(f"non-finite action {rows.mean[row].tolist()}")
+            action, std = rows.action[row].copy(), rows.std[row]
             state, log = self.state, self.log
             expert_action = self.expert.act(self.observation, state)
-            score, active = self.watch(prediction, row)
+            score, active = self.watch(rows, row)
             executed = cautious_pedals(throttle_cap(action, float(std[0]), self.drive.throttle_cap), std, self.drive.pedal_caution,
                                       self.drive.gas_caution)
             if active:
                 executed = self.fall_back(executed, expert_action)
-            log["raw_action"].append(mean.numpy())
-            log["aleatoric"].append(prediction.aleatoric[row].numpy())
-            log["epistemic"].append(prediction.epistemic[row].numpy())
-            log["attention"].append(prediction.attention[row].numpy())
-            log["density"].append(float(prediction.density[row]))
+            log["raw_action"].append(rows.mean[row])
+            log["aleatoric"].append(rows.aleatoric[row])
+            log["epistemic"].append(rows.epistemic[row])
+            log["attention"].append(rows.attention[row])
+            log["density"].append(float(rows.density[row]))
             log["monitor_score"].append(score)
             log["fallback"].append(float(active))
             log["executed_action"].append(executed)
@@ -302,14 +324,14 @@ class EpisodeDrive:
         except Exception as exc:
             self.fail(exc)
 
-    def watch(self, prediction: UncertainPrediction, row: int) -> tuple[float, bool]:
+    def watch(self, rows: PredictionRows, row: int) -> tuple[float, bool]:
         """This step's smoothed monitor score (NaN without a monitor) and whether the fallback acts now."""
         if self.monitor is None:
             return math.nan, False
         state = self.state
-        step = {"aleatoric": prediction.aleatoric[row].numpy()[None], "epistemic": prediction.epistemic[row].numpy()[None],
-                "density": np.array([float(prediction.density[row])]), "attention": prediction.attention[row].numpy()[None],
-                "raw_action": prediction.mean[row].numpy()[None], "speed": np.array([state.pose.forward_speed])}
+        step = {"aleatoric": rows.aleatoric[row][None], "epistemic": rows.epistemic[row][None],
+                "density": np.array([float(rows.density[row])]), "attention": rows.attention[row][None],
+                "raw_action": rows.mean[row][None], "speed": np.array([state.pose.forward_speed])}
         if self.drive.monitor_score == "curvature":
             ahead = self.env.unwrapped.geometry.curvature_ahead(np.array([state.progress]), CURVATURE_DISTANCES)
             step["curvature"] = np.abs(ahead).max(1)
@@ -402,10 +424,10 @@ class LockstepGroup:
             prediction.attention = self._no_attention
         if prediction.density is None:
             prediction.density = self._no_density
-        std = torch.sqrt(prediction.total).numpy()  # once for the group, not once per row
+        rows = PredictionRows.of(prediction)
         for row, drive in enumerate(self.drives):
             if drive.running:
-                drive.step(prediction, row, std[row])
+                drive.step(rows, row)
 
     def fail(self, exc: Exception) -> None:
         """A fault of the controller call: every running episode fails with it."""
