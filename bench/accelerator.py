@@ -16,14 +16,13 @@ a machine with a GPU is available). Usage: ``python -m bench.accelerator [--quic
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.common import print_table, save_results
+from bench.common import print_table, recipe, save_results
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
@@ -33,12 +32,6 @@ from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT_CAMERA_TARGET_S = 0.3
-
-
-def recipe(name: str) -> TrainConfig:
-    """The training recipe of ``configs/<name>.json`` (its data folder is not read)."""
-    settings = json.loads((ROOT / "configs" / f"{name}.json").read_text())
-    return TrainConfig.from_dict({**settings, "data": "unused"})
 
 
 def synchronise(device: torch.device) -> None:
@@ -113,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 10
-    quality, front = recipe("quality"), recipe("front-camera")
+    quality, front = recipe(ROOT / "configs" / "quality.json"), recipe(ROOT / "configs" / "front-camera.json")
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results: dict[str, dict | None] = {"cpu": None, "cuda": None}
     for device in devices:

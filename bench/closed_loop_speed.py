@@ -34,13 +34,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import print_table, replay_rate
+from bench.common import print_table, recipe, replay_rate
 from nsacdrive.agents.rollout import drive
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
 from nsacdrive.controllers.registry import build_controller
-from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.observation import preprocess_observation
 from nsacdrive.envs.state import forward_speed
@@ -94,7 +93,7 @@ def ratio_cell(pairs: list[tuple[float, float]]) -> str:
 
 def untrained_run(config_path: Path, folder: Path) -> Path:
     """An untrained run of ``config_path``'s architecture (seeded) in ``folder``."""
-    config = TrainConfig.from_dict({**json.loads(config_path.read_text()), "data": "unused"})
+    config = recipe(config_path)
     torch.manual_seed(0)
     write_config(folder, config.to_dict())
     save_weights(build_controller(config.model), folder / WEIGHTS_FILE)

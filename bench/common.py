@@ -1,15 +1,24 @@
-"""Helpers every bench script shares: timing, peak memory, env replay rate, table printing."""
+"""Helpers every bench script shares: timing, peak memory, env replay rate, table printing, recipes."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+
+from nsacdrive.controllers.train_config import TrainConfig
+
+
+def recipe(config_path: Path) -> TrainConfig:
+    """The training recipe of a JSON config file (``configs/*.json``); its data folder is not read."""
+    return TrainConfig.from_dict({**json.loads(Path(config_path).read_text()), "data": "unused"})
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

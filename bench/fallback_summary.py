@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.common import spread_cell
 from nsacdrive.eval.misbehaviour import misbehaviour_events
-from nsacdrive.eval.results import load_episode, load_records
+from nsacdrive.eval.results import clean_conditions, load_episode, load_records
 
 Key = tuple[str, str, int, int]
 
@@ -72,8 +72,7 @@ def load_episodes(eval_dirs: Sequence[Path]) -> dict[Key, Episode]:
             key = episode_key(record)
             if key in out:
                 raise ValueError(f"{eval_dir}: episode {key} appears twice among {', '.join(map(str, eval_dirs))}")
-            nominal = record["colour_preset"] == "default" and record.get("corruption", "none") == "none"
-            out[key] = Episode(nominal, len(misbehaviour_events(arrays, record["reason"])), bool(record["lap_finished"]),
+            out[key] = Episode(clean_conditions(record), len(misbehaviour_events(arrays, record["reason"])), bool(record["lap_finished"]),
                                len(arrays["speed"]), int(np.count_nonzero(arrays["fallback"])))
     return out
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import PeakRss, median_time, paired_median_ratio, save_results
+from bench.common import PeakRss, median_time, paired_median_ratio, recipe, save_results
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -92,9 +92,8 @@ def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
     """Seconds per front-camera training step (batch 32): channels-last frames against the default
     layout on one thread, then channels-last on one thread against ``cores`` threads (what
     ``nsacdrive train`` uses on its own); steps alternated pair by pair."""
-    settings = json.loads(FRONT_CAMERA_CONFIG.read_text())
-    config = ModelConfig.from_dict(settings["model"])
-    batch, twins = settings["batch_size"], settings.get("twin_fraction", 1.0)
+    front = recipe(FRONT_CAMERA_CONFIG)
+    config, batch, twins = front.model, front.batch_size, front.twin_fraction
     default, channels_last, ratio = paired_median_ratio(training_step(config, batch, twins, channels_last=False),
                                                         training_step(config, batch, twins, channels_last=True), repeats)
     step = training_step(config, batch, twins, channels_last=True)

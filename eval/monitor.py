@@ -47,7 +47,7 @@ from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events, true_runs
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
-from nsacdrive.eval.results import EvaluationError, load_episode, load_records
+from nsacdrive.eval.results import EvaluationError, clean_conditions, load_episode, load_records
 
 THRESHOLDS = ("gamma", "window-rate")
 
@@ -123,8 +123,7 @@ def episode_scores(record: dict[str, Any], arrays: dict[str, np.ndarray], config
     margin = max(config.windows_s) * FPS
     for event in events:
         nominal[max(event.onset - margin, 0): event.end] = False
-    clean = record.get("colour_preset") == "default" and record.get("corruption", "none") == "none"
-    return EpisodeScores(record["episode_id"], clean, events, scores, curvature, nominal, config.warmup_steps)
+    return EpisodeScores(record["episode_id"], clean_conditions(record), events, scores, curvature, nominal, config.warmup_steps)
 
 
 def load_scores(eval_dirs: Sequence[Path], config: MonitorConfig) -> tuple[list[EpisodeScores], list[str]]:

@@ -102,6 +102,11 @@ def condition_label(record: dict[str, Any]) -> str:
     return record["colour_preset"] if corruption == "none" else f"{record['colour_preset']}+{corruption}"
 
 
+def clean_conditions(record: dict[str, Any]) -> bool:
+    """Whether an episode was driven under default colours with no corruption (a nominal lap)."""
+    return condition_label(record) == "default"
+
+
 def group_label(record: dict[str, Any]) -> str:
     """How a controller is named in figures: its model and run folder (two runs may share a model).
 
