@@ -80,14 +80,16 @@ def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch
         wide_colour, wide_offset = _wide_recolouring(batch, generator)
         colour = torch.where(wide[:, None, None], wide_colour, colour)
         offset = torch.where(wide[:, None], wide_offset, 0.0)
+    # in place on the new tensor from here on: each step is one pass over the batch and no fresh
+    # allocation (the same values as out-of-place arithmetic, at a fraction of its memory traffic)
     out = torch.einsum("bij,btjhw->btihw", colour.to(frames), frames)
     if offset is not None:  # only the wide recolouring shifts colours; the mild jitter is linear
-        out = out + offset.to(frames)[:, None, :, None, None]
+        out.add_(offset.to(frames)[:, None, :, None, None])
     contrast = (1 + uniform(-config.contrast, config.contrast) * apply).to(frames)
     mean = out.mean(dim=(2, 3, 4), keepdim=True)
-    out = (out - mean) * contrast[:, None, None, None, None] + mean
-    out = out + (uniform(-config.brightness, config.brightness) * apply).to(frames)[:, None, None, None, None]
-    return out.clamp(0.0, 1.0)
+    out.sub_(mean).mul_(contrast[:, None, None, None, None]).add_(mean)
+    out.add_((uniform(-config.brightness, config.brightness) * apply).to(frames)[:, None, None, None, None])
+    return out.clamp_(0.0, 1.0)
 
 
 def _wide_recolouring(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +107,8 @@ def colour_augment_yuv(frames: torch.Tensor, config: AugmentConfig, generator: t
     """:func:`colour_augment` for Udacity-kind frames (YUV scaled to [−1, 1]); same shape, clipped to [−1, 1]."""
     if config.probability == 0:
         return frames
-    yuv = (frames + 1) / 2 - _YUV_OFFSET.to(frames)[:, None, None]
-    rgb = torch.einsum("ij,btjhw->btihw", _YUV_TO_RGB.to(frames), yuv).clamp(0.0, 1.0)
+    offset = _YUV_OFFSET.to(frames)[:, None, None]
+    yuv = frames.add(1).div_(2).sub_(offset)  # in place after the first step, as in colour_augment
+    rgb = torch.einsum("ij,btjhw->btihw", _YUV_TO_RGB.to(frames), yuv).clamp_(0.0, 1.0)
     out = torch.einsum("ij,btjhw->btihw", _RGB_TO_YUV.to(frames), colour_augment(rgb, config, generator))
-    return ((out + _YUV_OFFSET.to(frames)[:, None, None]) * 2 - 1).clamp(-1.0, 1.0)
+    return out.add_(offset).mul_(2).sub_(1).clamp_(-1.0, 1.0)

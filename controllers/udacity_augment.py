@@ -53,6 +53,15 @@ class UdacityAugmentConfig:
                 raise ValueError(f"udacity_augment {name} must be a range [low, high] with 0 <= low <= high, got {getattr(self, name)}")
 
 
+def mirror(frames: np.ndarray) -> np.ndarray:
+    """Frames (T, H, W, 3) flipped left to right, as a new contiguous array (one OpenCV call a
+    frame: copying numpy's reversed view is several times slower)."""
+    out = np.empty(frames.shape, dtype=frames.dtype)
+    for frame, flipped in zip(frames, out, strict=True):
+        cv2.flip(frame, 1, dst=flipped)
+    return out
+
+
 def translate(frames: np.ndarray, tx: float, ty: float) -> np.ndarray:
     """Frames (T, H, W, 3) shifted right by ``tx`` and down by ``ty`` pixels, black borders."""
     height, width = frames.shape[1:3]
@@ -61,32 +70,44 @@ def translate(frames: np.ndarray, tx: float, ty: float) -> np.ndarray:
                      for f in frames])
 
 
-def shadow(frames: np.ndarray, top_x: float, bottom_x: float, left_side: bool, lightness: float) -> np.ndarray:
+def shadow(frames: np.ndarray, top_x: float, bottom_x: float, left_side: bool, lightness: float,
+           rows: slice = slice(None)) -> np.ndarray:
     """Frames (T, H, W, 3) with HLS lightness × ``lightness`` on one side of the line from
-    (``top_x``, 0) to (``bottom_x``, H)."""
+    (``top_x``, 0) to (``bottom_x``, H), in ``rows`` only (the others are copied unchanged)."""
     height, width = frames.shape[1:3]
-    ys, xs = np.mgrid[0:height, 0:width]
+    kept = range(height)[rows]
+    ys, xs = np.mgrid[kept.start:kept.stop, 0:width]
     line_x = top_x + (bottom_x - top_x) * ys / height
     mask = (xs < line_x) if left_side else (xs >= line_x)
-    out = np.empty_like(frames)
-    for i, frame in enumerate(frames):
+    darker = (np.arange(256) * lightness).astype(np.uint8)  # what (level × lightness).astype(uint8) gives each level
+    out = np.array(frames)
+    for frame in out[:, kept.start:kept.stop]:
         hls = cv2.cvtColor(frame, cv2.COLOR_RGB2HLS)
-        hls[..., 1][mask] = (hls[..., 1][mask] * lightness).astype(np.uint8)
-        out[i] = cv2.cvtColor(hls, cv2.COLOR_HLS2RGB)
+        np.copyto(hls[..., 1], darker[hls[..., 1]], where=mask)
+        cv2.cvtColor(hls, cv2.COLOR_HLS2RGB, dst=frame)
     return out
 
 
-def scale_brightness(frames: np.ndarray, factor: float) -> np.ndarray:
-    """uint8 frames × ``factor``, rounded and clipped to [0, 255] before the cast (never wraps)."""
-    return np.clip(np.rint(frames.astype(np.float32) * np.float32(factor)), 0, 255).astype(np.uint8)
+def scale_brightness(frames: np.ndarray, factor: float, rows: slice = slice(None)) -> np.ndarray:
+    """uint8 frames × ``factor``, rounded and clipped to [0, 255] before the cast (never wraps), in
+    ``rows`` only (the others are copied unchanged). One look-up per pixel: each of the 256 levels
+    is scaled once, in float32 as a per-pixel product would be."""
+    table = np.clip(np.rint(np.arange(256, dtype=np.float32) * np.float32(factor)), 0, 255).astype(np.uint8)
+    out = np.array(frames)
+    for frame in out[:, rows]:
+        cv2.LUT(frame, table, dst=frame)
+    return out
 
 
 def augment_sequence(cameras: dict[str, np.ndarray], actions: np.ndarray, rng: np.random.Generator,
-                     config: UdacityAugmentConfig, camera_actions: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     config: UdacityAugmentConfig, camera_actions: dict[str, np.ndarray] | None = None,
+                     rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
     """One augmented sequence: ``cameras`` maps recorded camera names (``center`` always; ``left``,
     ``right`` when recorded) to raw frames (T, 160, 320, 3); ``actions`` (T, 3) are the labels.
     ``camera_actions`` (side camera → its own labels (T, 3), e.g. the privileged expert's for the
     car moved onto that camera) replace ``actions`` and the fixed correction when that camera is drawn.
+    ``rows``: the rows the caller keeps (the trainer: the network's crop, ``UDACITY_CROP_ROWS``);
+    the per-pixel steps (shadow, brightness) skip the others, so only these rows are augmented.
     Returns new frames (T, 160, 320, 3) uint8 and labels (T, 3) float32."""
     if "center" not in cameras:
         raise ValueError(f"augment_sequence needs the center camera, got {sorted(cameras)}")
@@ -105,16 +126,18 @@ def augment_sequence(cameras: dict[str, np.ndarray], actions: np.ndarray, rng: n
         else:
             steer = steer + CAMERA_STEER_OFFSETS[camera] * config.camera_offset
     if rng.random() < p:
-        frames, steer = frames[:, :, ::-1], -steer
+        frames, steer = mirror(frames), -steer
     if rng.random() < p:
         tx, ty = rng.uniform(-config.translate_x, config.translate_x), rng.uniform(-config.translate_y, config.translate_y)
-        frames, steer = translate(np.ascontiguousarray(frames), tx, ty), steer + config.steer_per_pixel * tx
+        if tx or ty:  # a zero shift is the identity (the warp's output equals its input)
+            frames = translate(frames, tx, ty)
+        steer = steer + config.steer_per_pixel * tx
     if rng.random() < p:
         width = frames.shape[2]
         top_x, bottom_x = rng.uniform(0, width, 2)
-        frames = shadow(np.ascontiguousarray(frames), top_x, bottom_x, bool(rng.integers(2)), rng.uniform(*config.shadow_lightness))
+        frames = shadow(frames, top_x, bottom_x, bool(rng.integers(2)), rng.uniform(*config.shadow_lightness), rows)
     if rng.random() < p:
-        frames = scale_brightness(frames, rng.uniform(*config.brightness))
+        frames = scale_brightness(frames, rng.uniform(*config.brightness), rows)
     labels = np.array(actions, dtype=np.float32, copy=True)
     labels[:, 0] = np.clip(steer, -1.0, 1.0)
     return np.ascontiguousarray(frames, dtype=np.uint8), labels

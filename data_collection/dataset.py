@@ -27,9 +27,12 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -350,9 +353,7 @@ class SequenceDataset(Dataset):
             for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(items)], strict=True):
                 np.take(self._encoded(int(episodes[start])), steps[start:stop], axis=0, out=frames[start:stop])
         else:
-            samples = [self._raw_sample(int(i), int(e), s) for i, e, s in zip(items, episodes, steps, strict=True)]
-            frames = np.stack([self.kind.encode(sample_frames) for sample_frames, _ in samples])
-            labels = np.stack([sample_labels for _, sample_labels in samples]).astype(np.float32)
+            frames, labels = self._raw_samples(items, episodes, steps)
         return {
             "frames": torch.from_numpy(frames),
             "action": torch.from_numpy(np.ascontiguousarray(labels[:, -1])),
@@ -371,21 +372,49 @@ class SequenceDataset(Dataset):
             frames = self._encoded_frames[episode] = self._store.frames(record.sidecar_path, record.sidecar)
         return frames
 
-    def _raw_sample(self, item: int, episode: int, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw frames and labels of one sample, augmented (seeded by the epoch and the item) and
-        corrupted (each frame by its track seed and step: overlapping sequences agree)."""
-        cameras, record = self._frames(episode), self.episodes[episode]
+    def _raw_samples(self, items: np.ndarray, episodes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Encoded frames [B, T, C, H, W] and labels [B, T, 3] of a batch on the raw-frame path,
+        its samples spread over torch's intra-op threads (augmentation, corruption and encoding are
+        OpenCV and NumPy work that releases the GIL). The same whatever the thread count: each
+        sample is seeded by its own index."""
+        # the episodes' frames are looked up here, on the calling thread: the cache is not thread-safe
+        sources = {episode: (self._frames(episode), self.episodes[episode]) for episode in np.unique(episodes).tolist()}
+
+        def gather(job: tuple[int, int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            item, episode, sample_steps = job
+            frames, labels = self._raw_sample(item, *sources[episode], sample_steps)
+            return self.kind.encode(frames), labels
+
+        jobs = list(zip(items.tolist(), episodes.tolist(), steps, strict=True))
+        threads = min(torch.get_num_threads(), len(jobs))
+        samples = list(map(gather, jobs) if threads <= 1 else gather_pool(threads).map(gather, jobs))
+        return np.stack([frames for frames, _ in samples]), np.stack([labels for _, labels in samples]).astype(np.float32)
+
+    def _raw_sample(self, item: int, cameras: dict[str, np.ndarray], record: EpisodeRecord,
+                    steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw frames and labels of one sample of ``record`` (its raw ``cameras``), augmented (seeded by
+        the epoch and the item) and corrupted (each frame by its track seed and step: overlapping sequences agree)."""
         labels = record.actions[steps]
         if self.augment is None:
             frames = cameras["center"][steps]
         else:
             rng = np.random.default_rng([self.augment_seed, item])
-            frames, labels = self.augment({camera: raw[steps] for camera, raw in cameras.items()}, labels, rng,
+            window = slice(int(steps[0]), int(steps[-1]) + 1, self.frame_stride)  # the sample's frames as views, not copies
+            frames, labels = self.augment({camera: raw[window] for camera, raw in cameras.items()}, labels, rng,
                                           camera_actions={camera: side[steps] for camera, side in record.camera_actions.items()})
         if self.corruption is not None:
-            seed = int(self.episodes[episode].sidecar["track_seed"])
+            seed = int(record.sidecar["track_seed"])
             frames = np.stack([self.corruption(frame, seed, int(s)) for frame, s in zip(frames, steps, strict=True)])
         return frames, labels
+
+
+@functools.cache
+def gather_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's threads for gathering raw-frame batches (one pool per size, made on first use)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="nsacdrive-gather")
+
+
+os.register_at_fork(after_in_child=gather_pool.cache_clear)  # a forked child has none of its parent's threads
 
 
 class EpisodeGroupedSampler(Sampler[int]):

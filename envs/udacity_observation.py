@@ -17,6 +17,7 @@ import numpy as np
 UDACITY_RAW_FRAME_SHAPE = (160, 320, 3)  # (H, W, C) of a simulator camera frame
 CROP_TOP = 60
 CROP_BOTTOM = 25
+UDACITY_CROP_ROWS = slice(CROP_TOP, UDACITY_RAW_FRAME_SHAPE[0] - CROP_BOTTOM)  # the rows the network sees
 UDACITY_RESIZED = (200, 66)  # (width, height) as cv2.resize takes it
 UDACITY_FRAME_SHAPE = (3, UDACITY_RESIZED[1], UDACITY_RESIZED[0])  # (C, H, W) the network sees
 UDACITY_PREPROCESS_VERSION = "crop60-25-area200x66-yuv-pm1-v1"
@@ -37,7 +38,7 @@ def encode_udacity(frames: np.ndarray) -> np.ndarray:
     flat = frames.reshape(-1, *UDACITY_RAW_FRAME_SHAPE)
     out = np.empty((len(flat), *UDACITY_FRAME_SHAPE), dtype=np.uint8)
     for i, frame in enumerate(flat):
-        cropped = frame[CROP_TOP : UDACITY_RAW_FRAME_SHAPE[0] - CROP_BOTTOM]
+        cropped = frame[UDACITY_CROP_ROWS]
         resized = cv2.resize(cropped, UDACITY_RESIZED, interpolation=cv2.INTER_AREA)
         out[i] = np.moveaxis(cv2.cvtColor(resized, cv2.COLOR_RGB2YUV), -1, 0)
     return out.reshape(*frames.shape[:-3], *UDACITY_FRAME_SHAPE)

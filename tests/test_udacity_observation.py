@@ -10,10 +10,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig, augment_sequence, scale_brightness, shadow, translate
+from nsacdrive.controllers.udacity_augment import (
+    UdacityAugmentConfig,
+    augment_sequence,
+    mirror,
+    scale_brightness,
+    shadow,
+    translate,
+)
 from nsacdrive.envs.observation import preprocess_observation
 from nsacdrive.envs.observation_kinds import OBSERVATION_KINDS, observation_kind, preprocess_for
-from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE, UDACITY_RAW_FRAME_SHAPE, preprocess_udacity
+from nsacdrive.envs.udacity_observation import (
+    UDACITY_CROP_ROWS,
+    UDACITY_FRAME_SHAPE,
+    UDACITY_RAW_FRAME_SHAPE,
+    encode_udacity,
+    preprocess_udacity,
+)
 
 
 def textured(*batch: int, seed: int = 0) -> np.ndarray:
@@ -243,6 +256,55 @@ def test_shadow_darkens_one_side_only():
     out = shadow(frames, top_x=100.0, bottom_x=100.0, left_side=True, lightness=0.5)
     assert (out[0, :, :100] < 150).all()  # lightness halved on the left of x = 100
     np.testing.assert_array_equal(out[0, :, 100:], 200)
+
+
+def shadow_by_hand(frames, top_x, bottom_x, left_side, lightness):
+    """The shadow written out pixel by pixel: HLS lightness × ``lightness``, truncated, on one side of the line."""
+    out = frames.copy()
+    for frame in out:
+        hls = cv2.cvtColor(frame, cv2.COLOR_RGB2HLS)
+        for y in range(frame.shape[0]):
+            line_x = top_x + (bottom_x - top_x) * y / frame.shape[0]
+            columns = np.arange(frame.shape[1])
+            side = columns < line_x if left_side else columns >= line_x
+            hls[y, side, 1] = (hls[y, side, 1] * lightness).astype(np.uint8)
+        frame[:] = cv2.cvtColor(hls, cv2.COLOR_HLS2RGB)
+    return out
+
+
+@pytest.mark.parametrize("top_x, bottom_x, left_side, lightness", [(100.0, 220.5, True, 0.37), (300.0, 10.0, False, 0.2)])
+def test_shadow_equals_the_pixel_by_pixel_recipe(top_x, bottom_x, left_side, lightness):
+    frames = textured(2, seed=3)
+    np.testing.assert_array_equal(shadow(frames, top_x, bottom_x, left_side, lightness),
+                                  shadow_by_hand(frames, top_x, bottom_x, left_side, lightness))
+
+
+def test_per_pixel_steps_in_kept_rows_only_equal_the_whole_frame_there():
+    frames = textured(3, seed=4)
+    rows = UDACITY_CROP_ROWS
+    for whole, kept in ((shadow(frames, 40.0, 290.0, True, 0.3), shadow(frames, 40.0, 290.0, True, 0.3, rows)),
+                        (scale_brightness(frames, 1.17), scale_brightness(frames, 1.17, rows))):
+        np.testing.assert_array_equal(kept[:, rows], whole[:, rows])
+        np.testing.assert_array_equal(kept[:, :rows.start], frames[:, :rows.start])  # the others untouched
+        np.testing.assert_array_equal(kept[:, rows.stop:], frames[:, rows.stop:])
+
+
+def test_the_trainers_kept_rows_give_the_network_the_same_frames():
+    """``rows=UDACITY_CROP_ROWS`` (what the trainer passes) changes nothing the network sees."""
+    cams, config = cameras(length=3, seed=6), UdacityAugmentConfig(probability=0.8)
+    for seed in range(12):
+        whole, labels = augment_sequence(cams, ACTIONS[[0, 1, 0]], np.random.default_rng(seed), config)
+        kept, kept_labels = augment_sequence(cams, ACTIONS[[0, 1, 0]], np.random.default_rng(seed), config, rows=UDACITY_CROP_ROWS)
+        np.testing.assert_array_equal(encode_udacity(kept), encode_udacity(whole))
+        np.testing.assert_array_equal(kept_labels, labels)
+
+
+def test_a_zero_shift_is_the_identity_and_mirror_is_the_reversed_view():
+    """Why the augmentation skips a zero translation, and what ``mirror`` must equal."""
+    frames = textured(2, seed=7)
+    np.testing.assert_array_equal(translate(frames, 0.0, 0.0), frames)
+    np.testing.assert_array_equal(mirror(frames), frames[:, :, ::-1])
+    np.testing.assert_array_equal(mirror(frames[::2]), frames[::2, :, ::-1])  # a strided view, as the dataset passes
 
 
 def test_brightness_is_clipped_before_the_cast():

@@ -31,7 +31,7 @@ from nsacdrive.data_collection.dataset import SequenceDataset, network_frames
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths
-from nsacdrive.envs.udacity_observation import preprocess_udacity
+from nsacdrive.envs.udacity_observation import UDACITY_CROP_ROWS, preprocess_udacity
 from nsacdrive.eval.closed_loop import DriveConfig, EpisodeDrive, EpisodeKey
 from nsacdrive.eval.driver import ControllerAgent, ControllerInterface
 from nsacdrive.eval.explain.saliency import GradCamUnavailable, gradcam_layer
@@ -223,6 +223,28 @@ def test_udacity_augmentation_is_seeded_per_sample_and_moves_labels(recording, s
         torch.testing.assert_close(a["action"][1:], raw[i]["action"][1:])  # throttle and brake untouched
     dataset.reseed(12)
     assert any(not torch.equal(dataset[i]["frames"], first[i]["frames"]) for i in range(len(dataset)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_augmented_batch_is_its_samples_gathered_one_by_one(recording, short_episodes, threads):
+    """The batch path spreads its samples over torch's threads; each sample is seeded by its index,
+    so the batch is its samples, in order, however many threads gathered it."""
+    augment = functools.partial(augment_sequence, config=UdacityAugmentConfig(probability=0.8), rows=UDACITY_CROP_ROWS)
+    dataset = SequenceDataset(f"udacity:{recording.folder}", [0, 1], sequence_length=3, observation="udacity", augment=augment,
+                              cache_episodes=1)  # a batch over two episodes: the cache holds one
+    dataset.reseed(5)
+    items = [7, 0, 3, 9, 1, 11]  # both episodes, out of order
+    alone = [dataset[i] for i in items]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        batch = dataset.__getitems__(items)
+    finally:
+        torch.set_num_threads(before)
+    order = sorted(range(len(items)), key=lambda k: dataset.episode_of(items[k]))  # the batch groups rows by episode
+    for row, k in enumerate(order):
+        for key in ("frames", "action", "action_sequence", "speed"):
+            torch.testing.assert_close(batch[key][row], alone[k][key], rtol=0, atol=0)
 
 
 def test_frame_kind_must_match_the_observation(recording, short_episodes, tmp_path):
