@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
 from nsacdrive.common.versions import check_versions, write_versions
@@ -78,6 +79,7 @@ from nsacdrive.data_collection.dataset import (
     load_episode_records,
     network_frames,
 )
+from nsacdrive.envs.udacity_observation import UDACITY_CROP_ROWS
 
 
 def resolve_split(config: TrainConfig) -> TrainConfig:
@@ -126,6 +128,7 @@ class Trainer:
         self.progress = progress
         self.device = pick_device(self.config.device)
         use_deterministic_kernels(self.device)
+        keep_freed_memory()  # every step frees and reallocates the same large tensors
         torch.manual_seed(self.config.seed)
         self.model = build_controller(self.config.model).to(self.device)
         cfg = self.config
@@ -166,7 +169,7 @@ class Trainer:
         cfg = self.config
         if cfg.model.observation != "udacity" or cfg.udacity_augment.probability == 0:
             return None
-        return functools.partial(augment_sequence, config=cfg.udacity_augment)
+        return functools.partial(augment_sequence, config=cfg.udacity_augment, rows=UDACITY_CROP_ROWS)
 
     def _network_frames(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The batch's uint8 frames moved to the training device, then scaled there."""
@@ -247,6 +250,7 @@ class Trainer:
         loader = self._batches(self.train_set, epoch)
         n_batches = len(loader) if cfg.max_batches_per_epoch is None else min(len(loader), cfg.max_batches_per_epoch)
         totals: dict[str, float] = {}
+        start = time.perf_counter()
         with progress_bar(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", disable=not self.progress, leave=False) as bar:
             for index, batch in enumerate(loader):
                 if index >= n_batches:
@@ -257,7 +261,10 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{totals['total'] / (index + 1):.4f}")
         train_terms = {f"train_{k}": v / max(n_batches, 1) for k, v in totals.items()}
-        return {**train_terms, "val_total": self.validate(epoch)}
+        # seconds per training step, its batch's gathering included (the throughput figure), and the validation's
+        step_seconds, start = (time.perf_counter() - start) / max(n_batches, 1), time.perf_counter()
+        val_total = self.validate(epoch)
+        return {**train_terms, "val_total": val_total, "step_seconds": step_seconds, "val_seconds": time.perf_counter() - start}
 
     def _train_step(self, batch: dict[str, torch.Tensor], where: str, augment_rng: torch.Generator,
                     perturb_rng: torch.Generator) -> dict[str, float]:
@@ -303,9 +310,10 @@ class Trainer:
         for index, batch in enumerate(self._batches(self.val_set, 0)):
             if self.config.max_val_batches is not None and index >= self.config.max_val_batches:
                 break
-            terms = model.training_loss(self._network_frames(batch), batch["timestamps"].to(self.device),
-                                        batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
-                                        speed=batch["speed"].to(self.device))
+            with torch.no_grad():  # the loss's value only: no graph to build
+                terms = model.training_loss(self._network_frames(batch), batch["timestamps"].to(self.device),
+                                            batch["action"].to(self.device), perturb=self._perturb(perturb_rng),
+                                            speed=batch["speed"].to(self.device))
             loss = float(terms["total"])
             if not math.isfinite(loss):
                 raise self._diverged("loss", loss, f"epoch {epoch + 1}, validation batch {index + 1}", self.val_set, batch)
@@ -346,7 +354,7 @@ class Trainer:
                 self.save_checkpoint(improved)
                 if self.progress:
                     tqdm.write(f"epoch {epoch + 1}: train {record['train_total']:.4f}  val {record['val_total']:.4f}  "
-                               f"lr {record['lr']:.2e}  ({record['seconds']:.0f}s)")
+                               f"lr {record['lr']:.2e}  ({record['seconds']:.0f}s, {record['step_seconds']:.3f} s/step)")
         finally:
             writer.close()
         return self.state
