@@ -70,6 +70,7 @@ bench: install bench-deps
 	$(PY) -m bench.data_pipeline
 	$(PY) -m bench.accelerator
 	$(PY) -m bench.closed_loop_speed
+	$(PY) -m bench.targets
 
 clean:
 	rm -rf data/demo runs/demo-nsac runs/demo-dagger runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache

@@ -37,6 +37,7 @@ import torch
 from bench.common import print_table, recipe, replay_rate
 from nsacdrive.agents.rollout import drive
 from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
 from nsacdrive.controllers.registry import build_controller
@@ -211,6 +212,7 @@ def eval_throughput(run: Path, workers: int, inference: str) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
+    keep_freed_memory()  # as every evaluation worker does
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as scratch:
         run = untrained_run(CONFIG, Path(scratch) / "quality")

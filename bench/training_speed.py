@@ -5,13 +5,16 @@
 * control: latency of ``ControllerAgent``-style prediction for one new frame (preprocess +
   encoder over the T-frame window + head), deterministic (1 draw) vs with uncertainty
   (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
-* NSAC's perturbed twins: samples/s with twins for a share of each batch
-  (``TrainConfig.twin_fraction``) against twins for all of it, steps alternated pair by pair
-  (issue 19's target: NSAC training ≥ 2× at batch 64);
+* NSAC training, before issue 19 against now: samples/s of the demo recipe's model at batch 64
+  with perturbed twins for the whole batch and glibc's default heap (before) and with the recipe's
+  twin fraction and freed memory kept (``nsacdrive.common.heap``; now), plus each change alone and
+  twins for an eighth; every variant in its own process (the heap setting is process-wide),
+  variants alternated round by round (issue 19's target: ≥ 2×);
 * the front-camera step: seconds per batch of 32 of ``configs/front-camera.json``'s model (NVIDIA
   encoder on 66×200 YUV frames, twins for a quarter), the encoder fed channels-last frames (what
-  it does) against the default layout, steps alternated, and on one thread against all cores
-  (issue 19's target: ≤ 0.3 s);
+  it does) against the default layout, steps alternated, and on one thread against all cores;
+  then the whole step of a real ``nsacdrive train`` on freshly recorded front-camera episodes (its
+  batches gathered and augmented as the trainer does, all cores; issue 19's target: ≤ 0.3 s);
 * memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from bench.common import PeakRss, median_time, paired_median_ratio, recipe, save_results
+from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -42,10 +46,10 @@ from nsacdrive.envs.observation import preprocess_observation
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = sorted(set(MODEL_BUILDERS) | {"ensemble"})
-TWIN_FRACTIONS = (0.5, 0.25, 0.125)
-TWIN_TARGET = 2.0
+TRAINING_SPEEDUP_TARGET = 2.0
 
 
+DEMO_CONFIG = ROOT / "configs" / "demo.json"
 FRONT_CAMERA_CONFIG = ROOT / "configs" / "front-camera.json"
 FRONT_CAMERA_TARGET_S = 0.3
 
@@ -78,14 +82,32 @@ def training_speed(model: str, batch: int, repeats: int) -> float:
     return batch / median_time(training_step(model, batch), repeats)
 
 
-def twin_speedups(batch: int, repeats: int) -> list[dict[str, float]]:
-    """NSAC samples/s with twins for a share of the batch, each paired step by step with all twins."""
-    rows = []
-    for fraction in TWIN_FRACTIONS:
-        full, part, ratio = paired_median_ratio(training_step("nsac", batch), training_step("nsac", batch, fraction), repeats)
-        rows.append({"twin_fraction": fraction, "all_twins_samples_per_s": batch / full,
-                     "samples_per_s": batch / part, "speedup": 1 / ratio})
-    return rows
+#: (twin fraction, keep freed memory): before issue 19, each change alone, the recipe now, fewer twins
+NSAC_VARIANTS = {"before": (1.0, False), "twins": (None, False), "heap": (1.0, True), "now": (None, True), "eighth": (0.125, True)}
+
+
+def nsac_step_rate(twin_fraction: float, keep_memory: bool, repeats: int) -> float:
+    """Samples/s of the demo recipe's NSAC step at batch 64 (this process: call it in a fresh one)."""
+    if keep_memory:
+        keep_freed_memory()
+    return 64 / median_time(training_step(recipe(DEMO_CONFIG).model, 64, twin_fraction), repeats, warmup=3)
+
+
+def nsac_before_and_now(rounds: int, repeats: int) -> dict[str, object]:
+    """:data:`NSAC_VARIANTS` each in a fresh process, alternated round by round; the speedup of
+    each round's "now" over its "before"."""
+    recipe_twins = recipe(DEMO_CONFIG).twin_fraction
+    rates: dict[str, list[float]] = {name: [] for name in NSAC_VARIANTS}
+    for _ in range(rounds):
+        for name, (fraction, keep) in NSAC_VARIANTS.items():
+            code = (f"from bench.training_speed import nsac_step_rate; import torch; torch.set_num_threads(1); "
+                    f"print(nsac_step_rate({fraction or recipe_twins}, {keep}, {repeats}))")
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+            rates[name].append(float(done.stdout.split()[-1]))
+    speedups = [now / before for now, before in zip(rates["now"], rates["before"], strict=True)]
+    return {"recipe_twin_fraction": recipe_twins, "variants": {name: list(value) for name, value in NSAC_VARIANTS.items()},
+            "samples_per_s": rates, "median_samples_per_s": {name: float(np.median(r)) for name, r in rates.items()},
+            "speedup": float(np.median(speedups)), "speedup_range": [min(speedups), max(speedups)]}
 
 
 def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
@@ -110,6 +132,24 @@ def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
         torch.set_num_threads(1)
     return {"batch": batch, "default_layout_s": default, "channels_last_s": channels_last, "speedup": 1 / ratio,
             "cores": cores, "channels_last_all_cores_s": all_cores}
+
+
+def front_camera_whole_step(episodes: int, steps: int, batches: int) -> dict[str, object]:
+    """Seconds per step of a real ``nsacdrive train --config configs/front-camera.json`` (all cores,
+    its batches gathered and augmented as the trainer does), on front-camera episodes recorded first
+    (the expert, three cameras); from the run's history: epoch 1 decodes each episode once, epoch 2
+    is the steady state."""
+    cli = [sys.executable, "-m", "nsacdrive.cli"]
+    with tempfile.TemporaryDirectory() as folder:
+        data, run = Path(folder) / "data", Path(folder) / "run"
+        for command in (["collect", "--env", "udacity-style", "--seeds", f"0-{episodes - 1}", "--max-steps", str(steps),
+                         "--workers", "2", "--out", str(data)],
+                        ["train", "--config", str(FRONT_CAMERA_CONFIG), "--data", str(data), "--epochs", "2",
+                         "--max-batches-per-epoch", str(batches), "--device", "cpu", "--out", str(run)]):
+            subprocess.run([*cli, *command], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        history = json.loads((run / "history.json").read_text())
+    return {"episodes": episodes, "steps": steps, "batches": batches, "step_seconds": [epoch["step_seconds"] for epoch in history],
+            "val_seconds": [epoch["val_seconds"] for epoch in history]}
 
 
 def control_latency(model: str, repeats: int) -> dict[str, float]:
@@ -152,6 +192,7 @@ def main() -> None:
     args = parser.parse_args()
     cores = torch.get_num_threads()  # torch's default: one thread per core
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the trainer does (the before/now comparison runs each variant in its own process)
     repeats = 2 if args.quick else 5
     rows = []
     for model in MODELS:
@@ -160,19 +201,30 @@ def main() -> None:
     print(f"\n{'model':<12}{'train samples/s':>17}{'control ms (det.)':>19}{'control ms (unc.)':>19}{'draws':>7}")
     for r in rows:
         print(f"{r['model']:<12}{r['train_samples_per_s']:>17.0f}{r['deterministic_ms']:>19.2f}{r['uncertainty_ms']:>19.2f}{r['samples']:>7}")
-    twins = twin_speedups(64, repeats + 2)
-    print(f"\nNSAC twins for part of each batch (batch 64, steps alternated with all twins; target ≥ {TWIN_TARGET:.0f}×)")
-    print(f"{'twin_fraction':<15}{'all twins samples/s':>21}{'samples/s':>11}{'speedup':>9}")
-    for r in twins:
-        print(f"{r['twin_fraction']:<15}{r['all_twins_samples_per_s']:>21.0f}{r['samples_per_s']:>11.0f}{r['speedup']:>8.2f}×")
+    nsac = nsac_before_and_now(2 if args.quick else 4, 4 if args.quick else 10)
+    names = {"before": "all twins, glibc's default heap (before issue 19)", "twins": f"twins for {nsac['recipe_twin_fraction']:g} (the demo recipe's)",
+             "heap": "all twins, freed memory kept", "now": f"twins for {nsac['recipe_twin_fraction']:g}, freed memory kept (now)",
+             "eighth": "twins for 0.125, freed memory kept (not validated)"}
+    print("\nNSAC training, demo recipe's model, batch 64, one thread (each variant in its own process, rounds alternated)")
+    for name, label in names.items():
+        print(f"  {label:<58}{nsac['median_samples_per_s'][name]:>8.0f} samples/s")
+    low, high = nsac["speedup_range"]
+    print(f"  now / before: {nsac['speedup']:.2f}× (rounds {low:.2f}–{high:.2f}×); target ≥ {TRAINING_SPEEDUP_TARGET:.0f}×: "
+          f"{'met' if nsac['speedup'] >= TRAINING_SPEEDUP_TARGET else 'not met'}")
     front = front_camera_step(repeats + 2, cores)
     print(f"\nfront-camera training step (configs/front-camera.json, batch {front['batch']}; target ≤ {FRONT_CAMERA_TARGET_S} s): "
           f"{front['channels_last_s']:.2f} s channels-last, {front['default_layout_s']:.2f} s default layout "
           f"({front['speedup']:.2f}×) on one thread; channels-last on {cores} threads {front['channels_last_all_cores_s']:.2f} s")
+    whole = front_camera_whole_step(4, 300, 15) if args.quick else front_camera_whole_step(6, 500, 40)
+    first, steady = whole["step_seconds"]
+    print(f"whole front-camera step of `nsacdrive train` ({whole['episodes']} recorded episodes, {whole['batches']} batches an epoch, "
+          f"{cores} threads): {steady:.3f} s (first epoch {first:.3f} s); target ≤ {FRONT_CAMERA_TARGET_S} s: "
+          f"{'met' if steady <= FRONT_CAMERA_TARGET_S else 'not met'}")
     memory = None if args.quick else demo_training_memory()
     if memory is not None:
         print(f"\npeak resident memory of the demo training (1 epoch): {memory:.0f} MB")
-    save_results("training_speed", args.quick, {"models": rows, "nsac_twins": twins, "front_camera_step": front, "demo_training_peak_rss_mb": memory})
+    save_results("training_speed", args.quick, {"models": rows, "nsac_before_and_now": nsac, "front_camera_step": front,
+                                               "front_camera_whole_step": whole, "demo_training_peak_rss_mb": memory})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""`python -m bench.targets`: each saved figure against its target, the quick run marked, a missing one named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench.targets as targets
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(targets, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def by_label(start: str) -> targets.Target:
+    return next(target for target in targets.TARGETS if target.label.lstrip().startswith(start))
+
+
+def test_a_figure_meets_or_misses_its_target_in_the_right_direction(results):
+    (results / "renderer.json").write_text(json.dumps({"speed": {"fast_share_of_render_free": 0.41},
+                                                       "fidelity": {"mae_after_zoom_in": 1.2}}))
+    assert targets.verdict(by_label("1. pixel env")) == ("41%", "met")  # at least 40 %
+    assert targets.verdict(by_label("fidelity")) == ("1.200", "not met")  # at most 1/255
+
+
+def test_the_quick_run_is_used_and_marked_when_the_full_one_is_missing(results):
+    whole = {"front_camera_whole_step": {"step_seconds": [0.41, 0.29]}, "nsac_before_and_now": {"speedup": 1.7}}
+    (results / "training_speed-quick.json").write_text(json.dumps(whole))
+    assert targets.verdict(by_label("front-camera")) == ("0.290 s (--quick)", "met")  # the steady epoch, at most 0.3 s
+    assert targets.verdict(by_label("3. NSAC")) == ("1.70× (--quick)", "not met")
+    (results / "training_speed.json").write_text(json.dumps({"nsac_before_and_now": {"speedup": 2.1}}))
+    assert targets.verdict(by_label("3. NSAC")) == ("2.10×", "met")  # the full run wins
+    assert targets.verdict(by_label("front-camera")) == ("—", "not in bench/results/training_speed.json: run its script again")
+
+
+def test_a_script_that_never_ran_is_named(results):
+    assert targets.verdict(by_label("data pipeline")) == ("—", "not measured: run python -m bench.data_pipeline")
+    assert targets.accelerator_row() == ("—", "not measured: run python -m bench.accelerator")
+
+
+def test_the_accelerator_row_says_whether_a_gpu_ran(results):
+    cpu = {"name": "CPU, 1 thread", "train_samples_per_s": 100.0}
+    (results / "accelerator.json").write_text(json.dumps({"cpu": cpu, "cuda": None}))
+    assert targets.accelerator_row() == ("CPU only", "not run on a GPU (none on this machine)")
+    (results / "accelerator.json").write_text(json.dumps({"cpu": cpu, "cuda": {"name": "NVIDIA H200", "train_samples_per_s": 950.0}}))
+    assert targets.accelerator_row() == ("950 samples/s on NVIDIA H200 (9.5× the CPU)", "run")
