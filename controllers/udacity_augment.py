@@ -70,18 +70,27 @@ def translate(frames: np.ndarray, tx: float, ty: float) -> np.ndarray:
                      for f in frames])
 
 
+def row_block(height: int, rows: slice) -> slice:
+    """``rows`` of a frame ``height`` rows tall as explicit bounds; one block of rows (no step), so
+    each frame's rows stay one contiguous block that OpenCV can write into."""
+    kept = range(height)[rows]
+    if kept.step != 1:
+        raise ValueError(f"udacity_augment rows must be a slice without a step, got {rows}")
+    return slice(kept.start, kept.stop)
+
+
 def shadow(frames: np.ndarray, top_x: float, bottom_x: float, left_side: bool, lightness: float,
            rows: slice = slice(None)) -> np.ndarray:
     """Frames (T, H, W, 3) with HLS lightness × ``lightness`` on one side of the line from
     (``top_x``, 0) to (``bottom_x``, H), in ``rows`` only (the others are copied unchanged)."""
     height, width = frames.shape[1:3]
-    kept = range(height)[rows]
-    ys, xs = np.mgrid[kept.start:kept.stop, 0:width]
+    kept = row_block(height, rows)
+    ys, xs = np.mgrid[kept, 0:width]
     line_x = top_x + (bottom_x - top_x) * ys / height
     mask = (xs < line_x) if left_side else (xs >= line_x)
     darker = (np.arange(256) * lightness).astype(np.uint8)  # what (level × lightness).astype(uint8) gives each level
     out = np.array(frames)
-    for frame in out[:, kept.start:kept.stop]:
+    for frame in out[:, kept]:
         hls = cv2.cvtColor(frame, cv2.COLOR_RGB2HLS)
         np.copyto(hls[..., 1], darker[hls[..., 1]], where=mask)
         cv2.cvtColor(hls, cv2.COLOR_HLS2RGB, dst=frame)
@@ -94,7 +103,7 @@ def scale_brightness(frames: np.ndarray, factor: float, rows: slice = slice(None
     is scaled once, in float32 as a per-pixel product would be."""
     table = np.clip(np.rint(np.arange(256, dtype=np.float32) * np.float32(factor)), 0, 255).astype(np.uint8)
     out = np.array(frames)
-    for frame in out[:, rows]:
+    for frame in out[:, row_block(frames.shape[1], rows)]:
         cv2.LUT(frame, table, dst=frame)
     return out
 

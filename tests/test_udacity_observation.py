@@ -289,6 +289,14 @@ def test_per_pixel_steps_in_kept_rows_only_equal_the_whole_frame_there():
         np.testing.assert_array_equal(kept[:, rows.stop:], frames[:, rows.stop:])
 
 
+def test_kept_rows_must_be_one_block():
+    stepped = slice(60, 135, 2)
+    with pytest.raises(ValueError, match="udacity_augment rows must be a slice without a step"):
+        shadow(textured(1), 10.0, 20.0, True, 0.5, stepped)
+    with pytest.raises(ValueError, match="udacity_augment rows must be a slice without a step"):
+        scale_brightness(textured(1), 1.1, stepped)
+
+
 def test_the_trainers_kept_rows_give_the_network_the_same_frames():
     """``rows=UDACITY_CROP_ROWS`` (what the trainer passes) changes nothing the network sees."""
     cams, config = cameras(length=3, seed=6), UdacityAugmentConfig(probability=0.8)
