@@ -101,6 +101,11 @@ class NsacCarRacing(CarRacing):
         info.update(track_seed=self.track_seed, colour_scheme=scheme.to_dict(), n_tiles=len(self.track))
         return observation, info
 
+    def close(self) -> None:
+        if self._fast_renderer is not None:
+            self._fast_renderer.release()
+        super().close()
+
     def _share_tile_colours(self) -> None:
         """Make every road tile's colour a row of one array, ``tile_colours`` (n_tiles, 3).
 

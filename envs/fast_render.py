@@ -25,7 +25,7 @@ import pygame
 from gymnasium.envs.box2d import car_dynamics
 from gymnasium.envs.box2d.car_racing import GRASS_DIM, PLAYFIELD, SCALE, STATE_H, STATE_W, WINDOW_H, WINDOW_W, ZOOM
 
-from nsacdrive.envs.track_raster import _ONE, _SHIFT, TrackRaster, pattern_pixels
+from nsacdrive.envs.track_raster import _ONE, _SHIFT, TrackRaster, keep_buffer, pattern_pixels
 
 _HUD_S = WINDOW_W / 40.0
 _HUD_H = WINDOW_H / 40.0
@@ -207,6 +207,13 @@ class FastStateRenderer:
         self._car_rows = slice(math.floor((WINDOW_H * 3 / 4 - reach) * STATE_H / WINDOW_H),
                                min(math.ceil((WINDOW_H * 3 / 4 + reach) * STATE_H / WINDOW_H), HUD_ROW))
         self._car_origin = (self._car_cols.start * supersample, self._car_rows.start * supersample)
+
+    def release(self) -> None:
+        """Hand the raster's memory to the next env of this process (the env is closing); a later
+        reset draws a new raster."""
+        if self._raster is not None:
+            keep_buffer(self._raster.buffer)
+            self._raster = None
 
     # ------------------------------------------------------------------ frame
     def render(self, env) -> np.ndarray:

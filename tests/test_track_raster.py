@@ -8,7 +8,7 @@ from gymnasium.envs.box2d.car_racing import CarRacing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsacdrive.envs import make_car_racing
+from nsacdrive.envs import make_car_racing, track_raster
 from nsacdrive.envs.fast_render import OUTPUT_FOOTPRINT, FastStateRenderer, _Camera
 from nsacdrive.envs.track_raster import TrackRaster, box_kernel, pattern_pixels
 
@@ -121,6 +121,39 @@ def test_a_second_episode_reuses_the_raster_memory_and_still_matches_stock():
     assert renderer._raster.buffer is buffer or renderer._raster.buffer.size > buffer.size  # ... in the old memory
     assert max(first[50:] + second[50:]) <= 2.0 and np.mean(second[50:]) <= 1.0
     env.close()
+
+
+def episode_frames(seed: int, actions) -> tuple[list[np.ndarray], np.ndarray]:
+    """The fast renderer's frames of one episode in a new env, and the memory its raster used."""
+    env = make_car_racing(renderer="fast", max_episode_steps=200)
+    env.reset(seed=seed)
+    frames = [env.step(action)[0] for action in actions]
+    buffer = env.unwrapped._fast_renderer._raster.buffer
+    env.close()
+    return frames, buffer
+
+
+def test_a_new_env_takes_a_closed_envs_raster_memory_and_draws_the_same_frames(monkeypatch):
+    monkeypatch.setattr(track_raster, "_SPARE", [])  # this test's own pool
+    actions = [np.array([0.1 * np.sin(t / 9), 0.4, 0.0], dtype=np.float32) for t in range(80)]
+    fresh, fresh_memory = episode_frames(7, actions)  # new memory; closing keeps it
+    assert track_raster._SPARE == [fresh_memory]
+    episode_frames(3, actions)  # another track written over that memory, kept again
+    again, reused = episode_frames(7, actions)  # the stale memory of track 3
+    assert reused is fresh_memory
+    for a, b in zip(fresh, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_pool_keeps_the_largest_buffers_and_hands_out_the_smallest_that_fits(monkeypatch):
+    monkeypatch.setattr(track_raster, "_SPARE", [])
+    monkeypatch.setattr(track_raster, "SPARE_LIMIT", 2)
+    small, middle, large = (np.empty(size, dtype=np.uint8) for size in (10, 20, 30))
+    for buffer in (middle, small, large):
+        track_raster.keep_buffer(buffer)
+    assert [b.size for b in track_raster._SPARE] == [20, 30]  # the smallest went
+    assert track_raster.take_buffer(15) is middle
+    assert track_raster.take_buffer(31).size == 31 and track_raster._SPARE == [large]  # none fits: new memory
 
 
 def test_the_view_off_the_raster_falls_back_to_polygons_and_matches_stock():
