@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from bench.common import print_table, recipe, save_results
+from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
@@ -31,7 +32,6 @@ from nsacdrive.data_collection.dataset import network_frames
 from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
-FRONT_CAMERA_TARGET_S = 0.3
 
 
 def synchronise(device: torch.device) -> None:
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 10
-    quality, front = recipe(ROOT / "configs" / "quality.json"), recipe(ROOT / "configs" / "front-camera.json")
+    quality, front = recipe(ROOT / "configs" / "quality.json"), recipe(FRONT_CAMERA_CONFIG)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results: dict[str, dict | None] = {"cpu": None, "cuda": None}
     for device in devices:

@@ -230,13 +230,17 @@ class PredictionRows:
     density: np.ndarray
 
     @classmethod
-    def of(cls, prediction: UncertainPrediction) -> PredictionRows:
-        """``prediction`` (on the CPU, attention and density filled in) as rows."""
+    def of(cls, prediction: UncertainPrediction, frames: int) -> PredictionRows:
+        """``prediction`` (on the CPU) as rows; heads that do not attend over the ``frames`` frames log
+        NaN attention, runs without a feature density NaN density."""
         mean = prediction.mean
+        episodes = len(mean)
+        attention = np.full((episodes, frames), np.nan, np.float32) if prediction.attention is None else prediction.attention.numpy()
+        density = np.full(episodes, np.nan, np.float32) if prediction.density is None else prediction.density.numpy()
         return cls(mean=mean.numpy(), action=clip_to_box(mean).numpy().astype(np.float32),
                    std=torch.sqrt(prediction.total).numpy(), finite=torch.isfinite(mean).all(dim=1).numpy(),
                    aleatoric=prediction.aleatoric.numpy(), epistemic=prediction.epistemic.numpy(),
-                   attention=prediction.attention.numpy(), density=prediction.density.numpy())
+                   attention=attention, density=density)
 
 
 class EpisodeDrive:
@@ -400,9 +404,6 @@ class LockstepGroup:
         self.interface = interface
         self.drives = [EpisodeDrive(key, drive, interface) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
-        # heads that do not attend over the frames log NaN attention, runs without a feature density NaN density
-        self._no_attention = torch.full((len(keys), interface.frames if interface else 0), float("nan"))
-        self._no_density = torch.full((len(keys),), float("nan"))
 
     @property
     def running(self) -> bool:
@@ -421,11 +422,7 @@ class LockstepGroup:
 
     def act(self, prediction: UncertainPrediction) -> None:
         """Step every running episode on its row of ``prediction``."""
-        if prediction.attention is None:
-            prediction.attention = self._no_attention
-        if prediction.density is None:
-            prediction.density = self._no_density
-        rows = PredictionRows.of(prediction)
+        rows = PredictionRows.of(prediction, self.interface.frames)
         for row, drive in enumerate(self.drives):
             if drive.running:
                 drive.step(rows, row)
