@@ -55,6 +55,10 @@ class TrackGeometry:
         self.segments = segments
         self.segment_length = lengths
         self.segment_unit = segments / lengths[:, None]
+        # rows of the projection's (points × segments) arithmetic
+        self._points_x, self._points_y = points[None, :, 0], points[None, :, 1]
+        self._segments_x, self._segments_y = segments[None, :, 0], segments[None, :, 1]
+        self._segment_length_sq = lengths[None] ** 2
         self.vertex_arc = np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
         self.length = float(lengths.sum())
         # Math-convention heading of each segment (CCW from +x) and the turn at each vertex.
@@ -74,22 +78,23 @@ class TrackGeometry:
 
     # ------------------------------------------------------------------ projection
     def project(self, positions: np.ndarray) -> TrackProjection:
-        """Project points (..., 2) onto the polyline (exact point-to-segment)."""
+        """Project points (..., 2) onto the polyline (exact point-to-segment).
+
+        Plain products and sums of x and y arrays: every evaluated env step projects its car, and
+        this is ~4× faster than the (M, N, 2) arrays and einsums it replaces, with the same values."""
         query = np.asarray(positions, dtype=np.float64)
         flat = query.reshape(-1, 2)
-        rel = flat[:, None, :] - self.points[None, :, :]  # (M, N, 2)
-        t = np.einsum("mnk,nk->mn", rel, self.segments) / self.segment_length**2
-        np.maximum(t, 0.0, out=t)  # = np.clip, without its Python wrapper (called every env step)
+        x, y = flat[:, 0:1], flat[:, 1:2]  # (M, 1)
+        rel_x, rel_y = x - self._points_x, y - self._points_y  # (M, N)
+        t = (rel_x * self._segments_x + rel_y * self._segments_y) / self._segment_length_sq
+        np.maximum(t, 0.0, out=t)  # = np.clip, without its Python wrapper
         np.minimum(t, 1.0, out=t)
-        offset = rel - t[..., None] * self.segments[None]
-        dist2 = np.einsum("mnk,mnk->mn", offset, offset)
-        index = np.argmin(dist2, axis=1)
-        rows = np.arange(len(flat))
-        t_best = t[rows, index]
+        offset_x, offset_y = rel_x - t * self._segments_x, rel_y - t * self._segments_y
+        index = np.argmin(offset_x * offset_x + offset_y * offset_y, axis=1)
+        t_best = t[np.arange(len(flat)), index]
         closest = self.points[index] + t_best[:, None] * self.segments[index]
         unit = self.segment_unit[index]
-        right_normal = np.stack([unit[:, 1], -unit[:, 0]], axis=1)
-        lateral = np.einsum("mk,mk->m", flat - closest, right_normal)
+        lateral = (flat[:, 0] - closest[:, 0]) * unit[:, 1] + (flat[:, 1] - closest[:, 1]) * -unit[:, 0]  # · right normal
         progress = self.vertex_arc[index] + t_best * self.segment_length[index]
         progress = np.where(progress >= self.length, progress - self.length, progress)  # lap seam → 0
         shape = query.shape[:-1]
@@ -132,9 +137,9 @@ class TrackGeometry:
 
     def mean_curvature(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Heading change between two arc lengths divided by their distance (> 0 turns left)."""
-        start = np.asarray(start, dtype=np.float64)
-        end = np.asarray(end, dtype=np.float64)
-        return (self.unwrapped_heading(end) - self.unwrapped_heading(start)) / (end - start)
+        start, end = np.broadcast_arrays(np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64))
+        heading = self.unwrapped_heading(np.stack([end, start]))  # one look-up for both ends
+        return (heading[0] - heading[1]) / (end - start)
 
     def curvature_ahead(self, progress: np.ndarray, distances: np.ndarray, window: float = CURVATURE_WINDOW) -> np.ndarray:
         """Mean curvature over ``[d − window/2, d + window/2]`` ahead of each progress value.

@@ -246,6 +246,16 @@ def test_curvature_straight_is_zero_and_corner_is_quarter_turn_over_window():
     assert reverse.mean_curvature(reverse.length - 5.0, reverse.length + 5.0) == pytest.approx(-np.pi / 2 / 10.0)
 
 
+def test_mean_curvature_broadcasts_its_ends_and_each_value_is_the_heading_change_over_distance():
+    loop = densified_rectangle(200.0, 20.0)
+    ends = np.array([[185.0, 205.0], [215.0, 230.0]])
+    curvature = loop.mean_curvature(180.0, ends)  # a scalar start against a (2, 2) array of ends
+    assert curvature.shape == (2, 2)
+    for index in np.ndindex(ends.shape):
+        change = loop.unwrapped_heading(ends[index]) - loop.unwrapped_heading(180.0)
+        assert curvature[index] == pytest.approx(change / (ends[index] - 180.0), rel=1e-12)
+
+
 def test_curvature_ahead_shape():
     geometry = circle(40.0)
     curvature = geometry.curvature_ahead(np.array([0.0, 10.0, 100.0]), np.array([5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 80.0]))
