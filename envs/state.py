@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -87,8 +88,13 @@ class PrivilegedState:
     pose: CarPose
     projection: TrackProjection
     heading_error: float
-    curvature_ahead: np.ndarray  # at CURVATURE_LOOKAHEAD, > 0 turns left
     geometry: TrackGeometry  # the track itself, for agents that plan along it
+
+    @cached_property
+    def curvature_ahead(self) -> np.ndarray:
+        """Curvature at :data:`CURVATURE_LOOKAHEAD` ahead (> 0 turns left); computed when first read
+        (the state vector reads it, the closed-loop evaluator's every-step state does not)."""
+        return self.geometry.curvature_ahead(self.projection.progress, CURVATURE_LOOKAHEAD)
 
     @property
     def lateral_error(self) -> float:
@@ -133,7 +139,6 @@ def state_at(pose: CarPose, geometry: TrackGeometry) -> PrivilegedState:
         pose=pose,
         projection=projection,
         heading_error=float(geometry.heading_error(pose.angle, projection.segment_index)),
-        curvature_ahead=geometry.curvature_ahead(projection.progress, CURVATURE_LOOKAHEAD),
         geometry=geometry,
     )
 

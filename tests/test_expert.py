@@ -19,7 +19,7 @@ from nsacdrive.agents.base import Agent
 from nsacdrive.agents.registry import make_agent
 from nsacdrive.envs import make_car_racing, privileged_state
 from nsacdrive.envs.geometry import TrackGeometry
-from nsacdrive.envs.state import CURVATURE_LOOKAHEAD, CarPose, PrivilegedState
+from nsacdrive.envs.state import CarPose, PrivilegedState
 
 # --------------------------------------------------------------------------- synthetic states
 
@@ -47,7 +47,6 @@ def make_state(geometry: TrackGeometry, x: float, y: float, direction: float, sp
         pose=car,
         projection=projection,
         heading_error=float(geometry.heading_error(car.angle, projection.segment_index)),
-        curvature_ahead=geometry.curvature_ahead(projection.progress, CURVATURE_LOOKAHEAD),
         geometry=geometry,
     )
 
