@@ -22,13 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import print_table, recipe, save_results
+from bench.common import print_table, recipe, save_results, training_step
 from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S
 from nsacdrive.controllers.model_config import ModelConfig
-from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
-from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.data_collection.dataset import network_frames
 from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,31 +47,6 @@ def timed(step, device: torch.device, repeats: int) -> float:
         synchronise(device)
         times.append(time.perf_counter() - start)
     return float(np.median(times))
-
-
-def training_step_seconds(config: TrainConfig, device: torch.device, batch: int, repeats: int) -> float:
-    """Seconds per optimiser step of ``config``'s model at ``batch``: uint8 frames moved to ``device`` and
-    scaled there, twins made by the recipe's perturbation for its share of the batch."""
-    torch.manual_seed(0)
-    model = build_controller(config.model).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), config.lr)
-    kind = observation_kind(config.model.observation)
-    frames = torch.randint(0, 256, (batch, config.sequence_length, *kind.frame_shape), dtype=torch.uint8)
-    frames = frames.pin_memory() if device.type == "cuda" else frames
-    times = torch.linspace(-0.12, 0.0, config.sequence_length, device=device).expand(batch, -1)
-    target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, config.sequence_length, device=device)
-    perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean,
-                                config.perturb_std, config.twin_fraction)
-
-    def step() -> None:
-        inputs = network_frames(frames.to(device, non_blocking=True), kind)
-        loss = model.training_loss(inputs, times, target, perturb=perturb,
-                                   speed=speed if config.model.speed_input else None)["total"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return timed(step, device, repeats)
 
 
 def control_latency(config: ModelConfig, device: torch.device, episodes: int, repeats: int) -> float:
@@ -111,8 +83,8 @@ def main() -> None:
     results: dict[str, dict | None] = {"cpu": None, "cuda": None}
     for device in devices:
         results[device.type] = {
-            "train_samples_per_s": 64 / training_step_seconds(quality, device, 64, repeats),
-            "front_camera_step_s": training_step_seconds(front, device, front.batch_size, repeats),
+            "train_samples_per_s": 64 / timed(training_step(quality, 64, device), device, repeats),
+            "front_camera_step_s": timed(training_step(front, front.batch_size, device), device, repeats),
             "control_ms": {str(b): control_latency(quality.model, device, b, 3 * repeats) for b in (1, 11, 64)},
             "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
         }

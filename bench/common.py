@@ -12,13 +12,54 @@ from typing import Any
 
 import numpy as np
 import psutil
+import torch
 
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.ood_proxies import make_perturbation
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.data_collection.dataset import network_frames
+from nsacdrive.envs.observation_kinds import observation_kind
 
 
 def recipe(config_path: Path) -> TrainConfig:
     """The training recipe of a JSON config file (``configs/*.json``); its data folder is not read."""
     return TrainConfig.from_dict({**json.loads(Path(config_path).read_text()), "data": "unused"})
+
+
+def model_recipe(model: str) -> TrainConfig:
+    """The default training recipe of model ``model`` (a registry name)."""
+    return TrainConfig(data="unused", model=ModelConfig(model=model))
+
+
+def training_step(config: TrainConfig, batch: int, device: torch.device | str = "cpu", twin_fraction: float | None = None,
+                  channels_last: bool | None = None) -> Callable[[], None]:
+    """One optimiser step of ``config``'s model on a fixed random batch, as a callable: uint8 frames as
+    the data pipeline hands them, moved to ``device`` and scaled there, twins made by the recipe's
+    perturbation for ``twin_fraction`` of the batch (default: the recipe's share); ``channels_last``
+    overrides the encoder's frame layout."""
+    torch.manual_seed(0)
+    device = torch.device(device)
+    model = build_controller(config.model).to(device).train()
+    if channels_last is not None:
+        model.encoder.CHANNELS_LAST = channels_last
+    optimizer = torch.optim.AdamW(model.parameters(), config.lr)
+    kind = observation_kind(config.model.observation)
+    frames = torch.randint(0, 256, (batch, config.sequence_length, *kind.frame_shape), dtype=torch.uint8)
+    frames = frames.pin_memory() if device.type == "cuda" else frames
+    times = torch.linspace(-0.12, 0.0, config.sequence_length, device=device).expand(batch, -1)
+    target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, config.sequence_length, device=device)
+    perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean, config.perturb_std,
+                                config.twin_fraction if twin_fraction is None else twin_fraction)
+
+    def step() -> None:
+        inputs = network_frames(frames.to(device, non_blocking=True), kind)
+        loss = model.training_loss(inputs, times, target, perturb=perturb, speed=speed if config.model.speed_input else None)["total"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

@@ -1,7 +1,8 @@
 """Controller speed: training samples/s per model and one-frame control latency.
 
-* training: samples/s of one optimiser step (loss incl. MC draws and perturbed passes,
-  backward, AdamW) at batch 64 on T = 4 frames, per model;
+* training: samples/s of one optimiser step (the uint8 batch scaled as the trainer does, loss
+  incl. MC draws and perturbed passes, backward, AdamW) at batch 64 on T = 4 frames, per model
+  (:func:`bench.common.training_step`, which ``bench.accelerator`` times on a GPU too);
 * control: latency of ``ControllerAgent``-style prediction for one new frame (preprocess +
   encoder over the T-frame window + head), deterministic (1 draw) vs with uncertainty
   (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
@@ -36,10 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import PeakRss, median_time, paired_median_ratio, recipe, save_results
+from bench.common import PeakRss, median_time, model_recipe, paired_median_ratio, recipe, save_results, training_step
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.controllers.model_config import ModelConfig
-from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from nsacdrive.envs.observation import preprocess_observation
 
@@ -54,32 +54,8 @@ FRONT_CAMERA_CONFIG = ROOT / "configs" / "front-camera.json"
 FRONT_CAMERA_TARGET_S = 0.3
 
 
-def training_step(model: str | ModelConfig, batch: int, twin_fraction: float = 1.0, channels_last: bool | None = None):
-    """One optimiser step of ``model`` (a name, or a whole config) on a fixed random batch, as a
-    callable; ``channels_last`` overrides the encoder's frame layout."""
-    torch.manual_seed(0)
-    config = model if isinstance(model, ModelConfig) else ModelConfig(model=model)
-    controller = build_controller(config).train()
-    if channels_last is not None:
-        controller.encoder.CHANNELS_LAST = channels_last
-    optimizer = torch.optim.AdamW(controller.parameters(), 1e-3)
-    frames = torch.rand(batch, 4, *config.encoder.frame_shape)
-    timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]]).expand(batch, 4)
-    target = torch.rand(batch, 3)
-    speeds = torch.rand(batch, 4) if config.speed_input else None
-    perturb = make_perturbation("noise", torch.Generator().manual_seed(0), 0.0, 0.2, twin_fraction)
-
-    def step() -> None:
-        loss = controller.training_loss(frames, timestamps, target, perturb=perturb, speed=speeds)["total"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
 def training_speed(model: str, batch: int, repeats: int) -> float:
-    return batch / median_time(training_step(model, batch), repeats)
+    return batch / median_time(training_step(model_recipe(model), batch), repeats)
 
 
 #: (twin fraction, keep freed memory; None: the demo recipe's fraction): before issue 19, each change
@@ -91,7 +67,7 @@ def nsac_step_rate(twin_fraction: float, keep_memory: bool, repeats: int) -> flo
     """Samples/s of the demo recipe's NSAC step at batch 64 (this process: call it in a fresh one)."""
     if keep_memory:
         keep_freed_memory()
-    return 64 / median_time(training_step(recipe(DEMO_CONFIG).model, 64, twin_fraction), repeats, warmup=3)
+    return 64 / median_time(training_step(recipe(DEMO_CONFIG), 64, twin_fraction=twin_fraction), repeats, warmup=3)
 
 
 def nsac_before_and_now(rounds: int, repeats: int) -> dict[str, object]:
@@ -116,10 +92,10 @@ def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
     layout on one thread, then channels-last on one thread against ``cores`` threads (what
     ``nsacdrive train`` uses on its own); steps alternated pair by pair."""
     front = recipe(FRONT_CAMERA_CONFIG)
-    config, batch, twins = front.model, front.batch_size, front.twin_fraction
-    default, channels_last, ratio = paired_median_ratio(training_step(config, batch, twins, channels_last=False),
-                                                        training_step(config, batch, twins, channels_last=True), repeats)
-    step = training_step(config, batch, twins, channels_last=True)
+    batch = front.batch_size
+    default, channels_last, ratio = paired_median_ratio(training_step(front, batch, channels_last=False),
+                                                        training_step(front, batch, channels_last=True), repeats)
+    step = training_step(front, batch, channels_last=True)
 
     def on(threads: int) -> Callable[[], None]:
         def run() -> None:
