@@ -80,8 +80,8 @@ class TrackGeometry:
     def project(self, positions: np.ndarray) -> TrackProjection:
         """Project points (..., 2) onto the polyline (exact point-to-segment).
 
-        Plain products and sums of x and y arrays: every evaluated env step projects its car, and
-        this is ~4× faster than the (M, N, 2) arrays and einsums it replaces, with the same values."""
+        Plain products and sums of x and y arrays (every evaluated env step projects its car): the
+        same values as (M, N, 2) arrays and einsums, in about a quarter of their time for the search."""
         query = np.asarray(positions, dtype=np.float64)
         flat = query.reshape(-1, 2)
         x, y = flat[:, 0:1], flat[:, 1:2]  # (M, 1)
