@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +19,11 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.data_collection.dataset import network_frames
+from nsacdrive.data_collection.dataset import network_frames, sequence_timestamps
 from nsacdrive.envs.observation_kinds import observation_kind
+
+#: ``nsacdrive`` as a command line run by this interpreter (the benches' subprocesses)
+NSACDRIVE = (sys.executable, "-m", "nsacdrive.cli")
 
 
 def recipe(config_path: Path) -> TrainConfig:
@@ -47,7 +51,7 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
     kind = observation_kind(config.model.observation)
     frames = torch.randint(0, 256, (batch, config.sequence_length, *kind.frame_shape), dtype=torch.uint8)
     frames = frames.pin_memory() if device.type == "cuda" else frames
-    times = torch.linspace(-0.12, 0.0, config.sequence_length, device=device).expand(batch, -1)
+    times = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride)).to(device).expand(batch, -1)
     target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, config.sequence_length, device=device)
     perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean, config.perturb_std,
                                 config.twin_fraction if twin_fraction is None else twin_fraction)

@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
-from bench.common import PeakRss, print_table, replay_rate  # noqa: E402
+from bench.common import NSACDRIVE, PeakRss, print_table, replay_rate  # noqa: E402
 from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
 from nsacdrive.agents.quality import evaluate_agent  # noqa: E402
 from nsacdrive.agents.rollout import drive  # noqa: E402
@@ -53,7 +53,7 @@ def collection(workers: int, episodes: int, steps: int) -> dict[str, float]:
         command = [str(ROOT / ".venv/bin/nsacdrive"), "collect", "--seeds", f"0-{episodes - 1}",
                    "--max-steps", str(steps), "--workers", str(workers), "--out", folder]
         if not Path(command[0]).exists():
-            command = [sys.executable, "-m", "nsacdrive.cli", *command[1:]]
+            command = [*NSACDRIVE, *command[1:]]
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with PeakRss(process.pid) as rss:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import PeakRss, median_time, model_recipe, paired_median_ratio, recipe, save_results, training_step
+from bench.common import NSACDRIVE, PeakRss, median_time, model_recipe, paired_median_ratio, recipe, save_results, training_step
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -116,14 +116,13 @@ def front_camera_whole_step(episodes: int, steps: int, batches: int) -> dict[str
     its batches gathered and augmented as the trainer does), on front-camera episodes recorded first
     (the expert, three cameras); from the run's history: epoch 1 decodes each episode once, epoch 2
     is the steady state."""
-    cli = [sys.executable, "-m", "nsacdrive.cli"]
     with tempfile.TemporaryDirectory() as folder:
         data, run = Path(folder) / "data", Path(folder) / "run"
         for command in (["collect", "--env", "udacity-style", "--seeds", f"0-{episodes - 1}", "--max-steps", str(steps),
                          "--workers", "2", "--out", str(data)],
                         ["train", "--config", str(FRONT_CAMERA_CONFIG), "--data", str(data), "--epochs", "2",
                          "--max-batches-per-epoch", str(batches), "--device", "cpu", "--out", str(run)]):
-            subprocess.run([*cli, *command], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run([*NSACDRIVE, *command], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         history = json.loads((run / "history.json").read_text())
     return {"episodes": episodes, "steps": steps, "batches": batches, "step_seconds": [epoch["step_seconds"] for epoch in history],
             "val_seconds": [epoch["val_seconds"] for epoch in history]}
@@ -150,13 +149,13 @@ def demo_training_memory() -> float | None:
     data = ROOT / "data" / "demo"
     if not data.is_dir():
         return None
-    settings = json.loads((ROOT / "configs" / "demo.json").read_text())
+    settings = json.loads(DEMO_CONFIG.read_text())
     settings.update(epochs=1)
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "config.json"
         config.write_text(json.dumps(settings))
-        process = subprocess.Popen([sys.executable, "-m", "nsacdrive.cli", "train", "--data", str(data), "--out",
-                                    str(Path(folder) / "run"), "--config", str(config)],
+        process = subprocess.Popen([*NSACDRIVE, "train", "--data", str(data), "--out", str(Path(folder) / "run"),
+                                    "--config", str(config)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         with PeakRss(process.pid) as rss:
             process.wait()

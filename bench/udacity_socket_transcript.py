@@ -15,13 +15,13 @@ import argparse
 import json
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import NSACDRIVE
 from nsacdrive.eval.serve.udacity_server import CAMERA_SHAPE, encode_camera_image
 from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient
 
@@ -55,7 +55,7 @@ def start_server(run: Path, port: int, log: Path, timeout: float = 60.0) -> subp
     """
     output = log.with_name(log.name + ".out")
     with output.open("w") as sink:
-        server = subprocess.Popen([sys.executable, "-m", "nsacdrive.cli", "udacity", "serve", str(run), "--port", str(port),
+        server = subprocess.Popen([*NSACDRIVE, "udacity", "serve", str(run), "--port", str(port),
                                    "--log", str(log)], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
