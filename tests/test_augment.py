@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nsacdrive.controllers.augment import AugmentConfig, colour_augment
+from nsacdrive.controllers.augment import AugmentConfig, colour_augment, mix_channels
 
 ROAD = (102 / 255, 102 / 255, 102 / 255)
 FIELD = (102 / 255, 204 / 255, 102 / 255)
@@ -103,3 +105,20 @@ def test_yuv_augmentation_at_probability_zero_returns_the_frames_unchanged() -> 
 
     frames = udacity_frames(stock_frames(2))
     assert torch.equal(colour_augment_yuv(frames, AugmentConfig(probability=0.0), torch.Generator()), frames)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 3), steps=st.integers(1, 4), height=st.integers(1, 7), width=st.integers(1, 9),
+       seed=st.integers(0, 2**31 - 1))
+def test_mix_channels_applies_the_colour_matrix_to_every_pixel(batch: int, steps: int, height: int, width: int, seed: int) -> None:
+    """``mix_channels`` = Σ_j M[i, j]·x_j at every pixel (float64 reference), to float32 rounding of
+    a 3-term sum: |error| ≤ 3 ε Σ_j |M[i, j]·x_j|; a new contiguous tensor, the input untouched."""
+    generator = torch.Generator().manual_seed(seed)
+    frames = torch.rand(batch, steps, 3, height, width, generator=generator) * 2 - 1
+    matrix = torch.randn(3, 3, generator=generator)
+    before = frames.clone()
+    mixed = mix_channels(matrix, frames)
+    per_pixel = matrix.double()[:, :, None, None] * frames.double()[..., None, :, :, :]  # [B, T, i, j, H, W]
+    expected, magnitude = per_pixel.sum(dim=-3), per_pixel.abs().sum(dim=-3)
+    assert mixed.shape == frames.shape and mixed.is_contiguous() and torch.equal(frames, before)
+    assert ((mixed.double() - expected).abs() <= 3 * torch.finfo(torch.float32).eps * magnitude + 1e-30).all()
