@@ -4,8 +4,9 @@ A training step allocates and frees the same large tensors (activations, their g
 time. glibc's malloc serves blocks above its mmap threshold with fresh ``mmap`` pages and gives
 the free top of its heap back once it exceeds the trim threshold, so each step faults its pages
 in again — on a virtual machine that costs a sizeable share of a CPU training step
-(``bench/training_speed.py`` measures it). :func:`keep_freed_memory` raises the mmap threshold to
-glibc's maximum (32 MiB) and stops the trimming: the process keeps its high-water mark of heap
+(``bench/training_speed.py`` measures it). :func:`keep_freed_memory` serves every block from the
+heap (no ``mmap`` per block: the threshold cannot be raised past 32 MiB, and a front-camera batch's
+first activations are 37 MB) and stops the trimming: the process keeps its high-water mark of heap
 memory and reuses it. Elsewhere (another C library, or a platform without glibc) it does nothing.
 """
 
@@ -17,8 +18,7 @@ import functools
 
 #: mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses larger values on 64-bit platforms
+M_MMAP_MAX = -4  # how many blocks may be mmap-ed at once; 0: none (the heap grows by mmap itself where brk cannot)
 NEVER_TRIM = 2**31 - 1  # mallopt takes an int
 
 
@@ -32,5 +32,5 @@ def keep_freed_memory() -> bool:
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
-    # the mmap threshold first: setting either turns glibc's own adaptive thresholds off
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    # setting either also turns glibc's own adaptive thresholds off
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))

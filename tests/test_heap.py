@@ -60,5 +60,32 @@ def test_training_steps_reuse_their_memory_once_it_is_kept():
     assert sum(count <= 16 for count in steady) >= 3, kept["faults"]  # without the setting no step gets under ~400
 
 
+LARGE_BLOCKS = """
+import json, resource, sys, numpy
+from nsacdrive.common.heap import keep_freed_memory
+applied = keep_freed_memory() if sys.argv[1] == "keep" else None
+faults = []
+for _ in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    numpy.ones(2**23)  # 64 MiB, made and freed: above the largest mmap threshold glibc accepts (32 MiB)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "faults": faults}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None, reason="glibc's malloc only")
+@pytest.mark.parametrize("mode", ["keep", "default"])
+def test_blocks_above_the_largest_mmap_threshold_are_kept_too(mode: str):
+    """A 64 MiB array made again and again: glibc maps fresh pages for each (16,384 faults, or 32 and
+    more with transparent huge pages) unless freed memory is kept; kept, the later ones reuse the
+    first one's memory (a loaded machine may still fault a few code pages back in now and then)."""
+    done = subprocess.run([sys.executable, "-c", LARGE_BLOCKS, mode], capture_output=True, text=True, check=True)
+    later = json.loads(done.stdout)["faults"][2:]
+    if mode == "keep":
+        assert sum(count <= 16 for count in later) >= 3, later
+    else:
+        assert min(later) >= 32, later  # the control: without the setting every array faults its pages in
+
+
 def test_keeping_freed_memory_is_set_once_per_process():
     assert keep_freed_memory() is keep_freed_memory()
