@@ -24,8 +24,9 @@ import torch
 
 from bench.common import print_table, recipe, save_results, training_step
 from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S
-from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.data_collection.dataset import sequence_timestamps
 from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,24 +50,26 @@ def timed(step, device: torch.device, repeats: int) -> float:
     return float(np.median(times))
 
 
-def control_latency(config: ModelConfig, device: torch.device, episodes: int, repeats: int) -> float:
-    """Milliseconds of one lockstep prediction for ``episodes`` episodes (tokens of the newest frame
-    encoded, the T-frame history gathered, 20 draws from per-episode CPU streams)."""
+def control_latency(config: TrainConfig, device: torch.device, episodes: int, repeats: int) -> float:
+    """Milliseconds of one lockstep prediction of ``config``'s model for ``episodes`` episodes (tokens
+    of the newest frame encoded, the recipe's T-frame history gathered, its draws from per-episode
+    CPU streams)."""
     torch.manual_seed(0)
-    model = build_controller(config).to(device).eval()
-    kind = observation_kind(config.observation)
+    model = build_controller(config.model).to(device).eval()
+    kind = observation_kind(config.model.observation)
     raw = np.random.default_rng(0).integers(0, 255, (episodes, *kind.raw_shape), dtype=np.uint8)
     history = None
     generators = [torch.Generator().manual_seed(k) for k in range(episodes)]
-    times = torch.tensor([[-0.12, -0.08, -0.04, 0.0]], device=device).expand(episodes, 4)
+    times = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride)).to(device).expand(episodes, -1)
     speed = torch.full((episodes, 1), 30.0, device=device)
 
     @torch.no_grad()
     def step() -> None:
         nonlocal history
         newest = model.encode(torch.from_numpy(kind.preprocess(raw))[:, None].to(device), speed)
-        history = newest.repeat(1, 4, 1) if history is None else torch.cat([history[:, newest.shape[1]:], newest], dim=1)
-        prediction = model.predict_tokens(history, times, samples=20, generators=generators)
+        history = (newest.repeat(1, config.sequence_length, 1) if history is None
+                   else torch.cat([history[:, newest.shape[1]:], newest], dim=1))
+        prediction = model.predict_tokens(history, times, samples=config.model.predict_samples, generators=generators)
         prediction.mean.cpu()  # a driving loop reads the actions on the host
 
     return 1e3 * timed(step, device, repeats)
@@ -85,7 +88,7 @@ def main() -> None:
         results[device.type] = {
             "train_samples_per_s": 64 / timed(training_step(quality, 64, device), device, repeats),
             "front_camera_step_s": timed(training_step(front, front.batch_size, device), device, repeats),
-            "control_ms": {str(b): control_latency(quality.model, device, b, 3 * repeats) for b in (1, 11, 64)},
+            "control_ms": {str(b): control_latency(quality, device, b, 3 * repeats) for b in (1, 11, 64)},
             "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
         }
     cpu, gpu = results["cpu"], results["cuda"]

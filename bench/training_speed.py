@@ -39,8 +39,8 @@ import torch
 
 from bench.common import NSACDRIVE, PeakRss, median_time, model_recipe, paired_median_ratio, recipe, save_results, training_step
 from nsacdrive.common.heap import keep_freed_memory
-from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
+from nsacdrive.data_collection.dataset import sequence_timestamps
 from nsacdrive.envs.observation import preprocess_observation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,20 +129,22 @@ def front_camera_whole_step(episodes: int, steps: int, batches: int) -> dict[str
 
 
 def control_latency(model: str, repeats: int) -> dict[str, float]:
+    """Milliseconds of one prediction of ``model`` (its default recipe) on one CarRacing sequence:
+    one draw (deterministic) and the recipe's draws."""
+    config = model_recipe(model)
     torch.manual_seed(0)
-    config = ModelConfig(model=model)
-    controller = build_controller(config).eval()
-    raw = np.random.default_rng(0).integers(0, 255, (4, 96, 96, 3), dtype=np.uint8)
-    timestamps = torch.tensor([[-0.12, -0.08, -0.04, 0.0]])
+    controller = build_controller(config.model).eval()
+    raw = np.random.default_rng(0).integers(0, 255, (config.sequence_length, 96, 96, 3), dtype=np.uint8)
+    timestamps = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride))[None]
 
     def control(samples: int):
         def run() -> None:
             controller.predict(torch.from_numpy(preprocess_observation(raw))[None], timestamps, samples=samples)
         return run
 
-    return {"deterministic_ms": median_time(control(1), repeats) * 1e3,
-            "uncertainty_ms": median_time(control(config.predict_samples), repeats) * 1e3,
-            "samples": config.predict_samples}
+    draws = config.model.predict_samples
+    return {"deterministic_ms": median_time(control(1), repeats) * 1e3, "uncertainty_ms": median_time(control(draws), repeats) * 1e3,
+            "samples": draws}
 
 
 def demo_training_memory() -> float | None:
