@@ -12,6 +12,8 @@ import torch
 from float_paths import assert_predictions_agree, path_rtol
 from safetensors.torch import load_file
 
+import nsacdrive.controllers.training as training
+from nsacdrive.common.prefetch import prefetched
 from nsacdrive.controllers.checkpoint import LAST_WEIGHTS, CheckpointError, latest_checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
@@ -88,6 +90,23 @@ def test_same_seed_gives_the_same_weights(dataset, tmp_path):
     Trainer(tiny_config(dataset, "nsac", seed=4), tmp_path / "c", progress=False).fit()
     c = load_file(tmp_path / "c" / "model.safetensors")
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_batches_gathered_ahead_on_a_thread_give_the_same_weights(dataset, tmp_path, monkeypatch):
+    """What a GPU run does (``Trainer.prefetch``): the same batches in the same order, so the same
+    weights, as gathering each batch in turn."""
+    prefetching_epochs = []
+    monkeypatch.setattr(training, "prefetched", lambda items: prefetching_epochs.append(1) or prefetched(items))
+    weights = {}
+    for prefetch in (False, True):
+        trainer = Trainer(tiny_config(dataset, "nsac", epochs=2, max_batches_per_epoch=3), tmp_path / str(prefetch), progress=False)
+        assert trainer.prefetch is False  # the CPU gathers in turn
+        trainer.prefetch = prefetch
+        trainer.fit()
+        weights[prefetch] = load_file(latest_checkpoint(tmp_path / str(prefetch)).path(LAST_WEIGHTS))
+    assert len(prefetching_epochs) == 2
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
 
 
 @pytest.mark.parametrize("ema_decay", [None, 0.9])

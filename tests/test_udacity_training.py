@@ -20,6 +20,7 @@ from udacity_fixtures import write_recording
 
 import nsacdrive.data_collection.udacity_import as udacity_import
 from nsacdrive.cli import app
+from nsacdrive.controllers.checkpoint import LAST_WEIGHTS, latest_checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig, NvidiaEncoder, make_encoder
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
@@ -288,6 +289,18 @@ def test_tiny_training_is_seeded_and_evaluates_offline(recording, short_episodes
     result = evaluate_run(tmp_path / "a", f"udacity:{recording.folder}", split="test")
     report = result["conditions"]["clean"]
     assert report["samples"] == 13 and np.isfinite(report["per_action"]["steer"]["mse"])
+
+
+def test_augmented_batches_gathered_ahead_on_a_thread_give_the_same_weights(recording, short_episodes, tmp_path):
+    """``Trainer.prefetch`` (a GPU run's default) with raw-frame augmentation: every sample is seeded
+    by its index, so gathering the batches on the prefetch thread trains the same weights."""
+    weights = {}
+    for prefetch in (False, True):
+        trainer = Trainer(tiny_config(recording, "gmle", epochs=2, max_batches_per_epoch=3), tmp_path / str(prefetch), progress=False)
+        trainer.prefetch = prefetch
+        trainer.fit()
+        weights[prefetch] = load_file(latest_checkpoint(tmp_path / str(prefetch)).path(LAST_WEIGHTS))
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
 
 
 def test_prefix_sets_the_observation_and_refuses_a_contradiction(recording):
