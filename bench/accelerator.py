@@ -7,7 +7,10 @@
   moved to the device, scaled there) and perturbed as the recipe says, on the CPU (one thread)
   and on CUDA;
 * control: one lockstep prediction for B episodes (newest frame encoded, tokens gathered from
-  the ring, 20 draws with each episode's own stream) at B = 1, 11 and 64, on the CPU and on CUDA.
+  the ring, the recipe's 20 draws with each episode's own stream) at B = 1, 11 and 64, on the CPU and on CUDA;
+* on CUDA only: the whole front-camera training step of a real ``nsacdrive train --device cuda``
+  on freshly recorded front-camera episodes, its batches gathered and augmented on the host's CPU
+  while the GPU trains on the previous one (``Trainer.prefetch``).
 
 Without a CUDA device it says so, records ``"cuda": null`` and stops (issue 19: run it whenever
 a machine with a GPU is available). Usage: ``python -m bench.accelerator [--quick]``.
@@ -23,7 +26,7 @@ import numpy as np
 import torch
 
 from bench.common import print_table, recipe, save_results, training_step
-from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S
+from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S, front_camera_whole_step
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import sequence_timestamps
@@ -92,6 +95,8 @@ def main() -> None:
             "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
         }
     cpu, gpu = results["cpu"], results["cuda"]
+    if gpu:
+        gpu["whole_front_camera_step"] = front_camera_whole_step(*((4, 300, 15) if args.quick else (6, 500, 40)), device="cuda")
 
     def cells(key: str, digits: int, speedup: bool = False) -> str:
         text = f"CPU {cpu[key]:.{digits}f}"
@@ -104,8 +109,11 @@ def main() -> None:
             (f"front-camera training step s, batch {front.batch_size} (target ≤ {FRONT_CAMERA_TARGET_S} s)",
              cells("front_camera_step_s", 3))]
     for b in ("1", "11", "64"):
-        rows.append((f"control ms, {b} episode(s) in lockstep, 20 draws",
+        rows.append((f"control ms, {b} episode(s) in lockstep, {quality.model.predict_samples} draws",
                      f"CPU {cpu['control_ms'][b]:.2f}" + (f" / CUDA {gpu['control_ms'][b]:.2f}" if gpu else "")))
+    whole = gpu["whole_front_camera_step"]["step_seconds"] if gpu else None
+    rows.append(("whole front-camera step s on CUDA (nsacdrive train, batches gathered ahead on the CPU), epoch 1 / 2",
+                 " / ".join(f"{seconds:.3f}" for seconds in whole) if whole else "not run"))
     rows.append(("accelerator", gpu["name"] if gpu else "no CUDA device on this machine: not run"))
     print_table("training and control on an accelerator", rows)
     save_results("accelerator", args.quick, results)

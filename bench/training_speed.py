@@ -111,9 +111,9 @@ def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
             "cores": cores, "channels_last_all_cores_s": all_cores}
 
 
-def front_camera_whole_step(episodes: int, steps: int, batches: int) -> dict[str, object]:
-    """Seconds per step of a real ``nsacdrive train --config configs/front-camera.json`` (all cores,
-    its batches gathered and augmented as the trainer does), on front-camera episodes recorded first
+def front_camera_whole_step(episodes: int, steps: int, batches: int, device: str = "cpu") -> dict[str, object]:
+    """Seconds per step of a real ``nsacdrive train --config configs/front-camera.json --device DEVICE``
+    (all cores, its batches gathered and augmented as the trainer does), on front-camera episodes recorded first
     (the expert, three cameras); from the run's history: epoch 1 decodes each episode once, epoch 2
     is the steady state."""
     with tempfile.TemporaryDirectory() as folder:
@@ -121,10 +121,10 @@ def front_camera_whole_step(episodes: int, steps: int, batches: int) -> dict[str
         for command in (["collect", "--env", "udacity-style", "--seeds", f"0-{episodes - 1}", "--max-steps", str(steps),
                          "--workers", "2", "--out", str(data)],
                         ["train", "--config", str(FRONT_CAMERA_CONFIG), "--data", str(data), "--epochs", "2",
-                         "--max-batches-per-epoch", str(batches), "--device", "cpu", "--out", str(run)]):
+                         "--max-batches-per-epoch", str(batches), "--device", device, "--out", str(run)]):
             subprocess.run([*NSACDRIVE, *command], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         history = json.loads((run / "history.json").read_text())
-    return {"episodes": episodes, "steps": steps, "batches": batches, "step_seconds": [epoch["step_seconds"] for epoch in history],
+    return {"episodes": episodes, "steps": steps, "batches": batches, "device": device, "step_seconds": [epoch["step_seconds"] for epoch in history],
             "val_seconds": [epoch["val_seconds"] for epoch in history]}
 
 
