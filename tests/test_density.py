@@ -105,6 +105,19 @@ def test_the_file_round_trips_and_a_broken_one_is_named(tmp_path):
         read_density(tmp_path)
 
 
+def test_the_same_density_gives_the_same_bytes_every_time(tmp_path):
+    """safetensors writes metadata from a hash map in a changing order; the file's header is sorted,
+    so a fit's bytes (and the run folder's checksums) repeat, and the file still reads back."""
+    density = fit_density(gaussian_features(), (4, 5), "abc")
+    blobs = {density.to_bytes() for _ in range(20)}
+    assert len(blobs) == 1
+    write_density(tmp_path, density)
+    assert (tmp_path / DENSITY_FILE).read_bytes() in blobs
+    again = read_density(tmp_path)
+    assert again.train_seeds == (4, 5) and again.samples == density.samples and again.source == density.source
+    assert torch.equal(again.whitening, density.whitening)
+
+
 def test_a_file_names_an_unknown_source_and_an_old_file_without_one_is_over_tokens(tmp_path):
     from safetensors.torch import save
 
