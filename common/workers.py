@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from nsacdrive.common.shutdown import skip_final_collection
+
 #: prctl option: the signal the kernel sends this process when the thread that started it exits (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 
@@ -29,9 +31,11 @@ def single_threaded_worker() -> None:
 
 
 def pool_worker(parent_pid: int) -> None:
-    """Process-pool initializer: single-threaded, and terminated when ``parent_pid`` exits (Linux;
-    elsewhere only single-threaded). Exits at once if that parent is already gone."""
+    """Process-pool initializer: single-threaded, quick to exit (:mod:`nsacdrive.common.shutdown`), and
+    terminated when ``parent_pid`` exits (Linux; elsewhere only single-threaded). Exits at once if
+    that parent is already gone."""
     single_threaded_worker()
+    skip_final_collection()
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
 from nsacdrive.common.resume import SettingsChanged
+from nsacdrive.common.shutdown import skip_final_collection
 from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
@@ -47,9 +48,11 @@ PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 class RootCommand(TyperGroup):
     """The ``nsacdrive`` group, speaking in one-line messages around every subcommand: an OSError
     (a read-only or full disk, a file where a folder should be) ends it with ``error: ...`` and exit
-    code 2 instead of a traceback, and a library warning prints as ``warning: ...``."""
+    code 2 instead of a traceback, and a library warning prints as ``warning: ...``; the process
+    then exits without a last collection over its imports (:mod:`nsacdrive.common.shutdown`)."""
 
     def invoke(self, ctx: typer.Context) -> Any:
+        skip_final_collection()
         formatwarning = warnings.formatwarning
         warnings.formatwarning = _one_line_warning
         try:
