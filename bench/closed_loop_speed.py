@@ -250,8 +250,6 @@ def timed_eval(run: Path, workers: int, inference: str, max_steps: int = STEPS) 
         return sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json")), seconds
 
 
-
-
 def main() -> None:
     torch.set_num_threads(1)
     keep_freed_memory()  # as every evaluation worker does
