@@ -50,10 +50,8 @@ def env_speed(steps: int) -> dict[str, float]:
 
 def collection(workers: int, episodes: int, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
-        command = [str(ROOT / ".venv/bin/nsacdrive"), "collect", "--seeds", f"0-{episodes - 1}",
-                   "--max-steps", str(steps), "--workers", str(workers), "--out", folder]
-        if not Path(command[0]).exists():
-            command = [*NSACDRIVE, *command[1:]]
+        command = [*NSACDRIVE, "collect", "--seeds", f"0-{episodes - 1}", "--max-steps", str(steps), "--workers", str(workers),
+                   "--out", folder]
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with PeakRss(process.pid) as rss:

@@ -48,9 +48,25 @@ class CheckpointError(ValueError):
     """A run folder that cannot be loaded; the message names the file and the problem."""
 
 
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """The safetensors file of ``tensors`` (and ``metadata``), the same bytes for the same content.
+
+    The library writes metadata from a hash map, in an order that changes from one call to the next;
+    with metadata the header's keys are sorted after saving. The header keeps its length (the same
+    keys and values), so every offset holds."""
+    blob = save(tensors, metadata)
+    if metadata is None:
+        return blob
+    length = int.from_bytes(blob[:8], "little")
+    header = json.dumps(json.loads(blob[8:8 + length]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(header) > length:
+        raise ValueError(f"safetensors header grew from {length} to {len(header)} bytes when sorted")
+    return blob[:8] + header.ljust(length) + blob[8 + length:]
+
+
 def weights_bytes(module: torch.nn.Module) -> bytes:
     """The safetensors file of ``module``'s state dict (CPU, contiguous)."""
-    return save({name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()})
+    return safetensors_bytes({name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()})
 
 
 def save_weights(module: torch.nn.Module, path: Path) -> None:

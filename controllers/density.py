@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
 from nsacdrive.common.atomic import atomic_write_bytes
+from nsacdrive.controllers.checkpoint import safetensors_bytes
 from nsacdrive.controllers.model_names import DENSITY_SOURCES
 
 DENSITY_FILE = "density.safetensors"
@@ -91,18 +91,7 @@ class FeatureDensity:
     def to_bytes(self) -> bytes:
         metadata = {"method": METHOD, "jitter": repr(self.jitter), "train_seeds": json.dumps(list(self.train_seeds)),
                     "samples": str(self.samples), "data_fingerprint": self.data_fingerprint, "source": self.source}
-        return sorted_header(save({"mean": self.mean.contiguous(), "whitening": self.whitening.contiguous()}, metadata))
-
-
-def sorted_header(blob: bytes) -> bytes:
-    """A safetensors file with its JSON header's keys sorted: the library writes the metadata from a
-    hash map, in an order that changes from one call to the next, so the same density would give other
-    bytes every time. The header keeps its length (the same keys and values), so every offset holds."""
-    length = int.from_bytes(blob[:8], "little")
-    header = json.dumps(json.loads(blob[8:8 + length]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    if len(header) > length:
-        raise ValueError(f"safetensors header grew from {length} to {len(header)} bytes when sorted")
-    return blob[:8] + header.ljust(length) + blob[8 + length:]
+        return safetensors_bytes({"mean": self.mean.contiguous(), "whitening": self.whitening.contiguous()}, metadata)
 
 
 def fit_density(features: torch.Tensor, train_seeds: tuple[int, ...], data_fingerprint: str, source: str = "tokens") -> FeatureDensity:
