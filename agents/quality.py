@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import drive, termination_reason
-from nsacdrive.common.workers import pool_initializer
+from nsacdrive.common.workers import worker_pool
 from nsacdrive.envs.car_racing import make_car_racing
 
 
@@ -83,6 +81,5 @@ def evaluate_agent(agent_spec: str, seeds: list[int], colour_preset: str = "defa
     args = [(agent_spec, seed, colour_preset, agent_kinds) for seed in seeds]
     if workers <= 1:
         return QualityReport([episode_quality(*a) for a in args])
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=pool_initializer()) as pool:
+    with worker_pool(workers, episode_quality) as pool:
         return QualityReport(list(pool.map(episode_quality, *zip(*args))))

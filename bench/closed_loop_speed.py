@@ -24,12 +24,16 @@ double-buffered, with its time per env step split into env step, controller, pri
 expert label and the rest; and ``nsacdrive eval`` with 1 and 2 workers against 2 × one env alone
 (issue 19's target, ≥ 70 %), with the share of its time that is start-up (the same evaluation of
 one-step episodes) and the rate beyond it, next to the ceiling a free controller and evaluator would
-leave: B envs alone in lockstep against one env alone.
+leave: B envs alone in lockstep against one env alone. The process's worker fork server is started
+first, as ``nsacdrive eval`` starts its own beside its imports (:mod:`nsacdrive.common.workers`); last,
+the whole ``nsacdrive eval`` command from a fresh process (its imports and its fork server's
+included) on the same episodes.
 Usage: ``python -m bench.closed_loop_speed``.
 """
 from __future__ import annotations
 
 import json
+import subprocess
 import tempfile
 import time
 from collections import Counter, deque
@@ -40,11 +44,12 @@ from unittest import mock
 import numpy as np
 import torch
 
-from bench.common import print_table, recipe, replay_rate
+from bench.common import NSACDRIVE, print_table, recipe, replay_rate
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.heap import keep_freed_memory
+from nsacdrive.common.workers import start_worker_server
 from nsacdrive.controllers.actions import clip_to_box
 from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
 from nsacdrive.controllers.registry import build_controller
@@ -250,7 +255,19 @@ def timed_eval(run: Path, workers: int, inference: str, max_steps: int = STEPS) 
         return sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json")), seconds
 
 
+def timed_command(run: Path, workers: int) -> tuple[int, float]:
+    """Env steps and seconds of the whole ``nsacdrive eval`` command in a fresh process, as :func:`timed_eval`."""
+    seeds = ",".join(map(str, SCALING_SEEDS))
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        subprocess.run([*NSACDRIVE, "eval", str(run), "--seeds", seeds, "--max-steps", str(STEPS), "--batch", "8", "--workers",
+                        str(workers), "--inference", "inline", "--out", folder], check=True, capture_output=True)
+        seconds = time.perf_counter() - start
+        return sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json")), seconds
+
+
 def main() -> None:
+    start_worker_server(closed_loop_module.__name__)  # as `nsacdrive eval` does at its start
     torch.set_num_threads(1)
     keep_freed_memory()  # as every evaluation worker does
     rows: list[tuple[str, str]] = []
@@ -283,6 +300,7 @@ def main() -> None:
         throughput = {key: steps / seconds for key, (steps, seconds) in evaluations.items()}
         # what the 2-worker figure spends before stepping: the same evaluation with one-step episodes
         startup = float(np.median([timed_eval(run, 2, "inline", max_steps=1)[1] for _ in range(REPEATS)]))
+        command_steps, command_seconds = timed_command(run, 2)
     base = throughput[1, "inline"]
     for (workers, inference), value in throughput.items():
         rows.append((f"nsacdrive eval, {len(SCALING_SEEDS)} episodes, batch 8, {workers} worker{'s' * (workers > 1)}, "
@@ -294,6 +312,9 @@ def main() -> None:
     beyond = steps / (seconds - startup)
     rows.append(("  its start-up (the same evaluation of one-step episodes, median of 3) | steps/s beyond it",
                  f"{startup:.2f} s | {beyond:.0f} steps/s ({beyond / (2 * env_alone):.0%} of 2 × one env)"))
+    command_rate = command_steps / command_seconds
+    rows.append(("  the whole `nsacdrive eval` command, 2 workers, from a fresh process (its imports included)",
+                 f"{command_seconds:.2f} s: {command_rate:.0f} steps/s ({command_rate / (2 * env_alone):.0%} of 2 × one env)"))
     lockstep_alone = float(np.median([alone for _, alone in in_loop[f"{BATCHES[0]} episodes in lockstep, controller inline"]]))
     rows.append((f"  ceiling with a free controller and evaluator: {BATCHES[0]} envs alone in lockstep / one env alone",
                  f"{lockstep_alone / env_alone:.0%}"))
@@ -305,7 +326,8 @@ def main() -> None:
                        "lockstep_envs_alone_share_of_one_env": lockstep_alone / env_alone,
                        "eval_throughput": {f"{w} workers, {m}": v for (w, m), v in throughput.items()}, "steps": STEPS,
                        "env_alone": env_alone, "evaluator_share_of_two_envs": share, "eval_startup_s": startup,
-                       "eval_steps_per_s_beyond_startup": beyond})
+                       "eval_steps_per_s_beyond_startup": beyond, "eval_command_s": command_seconds,
+                       "eval_command_steps_per_s": command_rate})
 
 
 if __name__ == "__main__":

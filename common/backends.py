@@ -8,8 +8,9 @@ the backends' results identical for the same arguments.
 
 Backends:
 
-* ``process`` — a plain loop in this process when ``workers <= 1``, else a spawn-context
-  ``ProcessPoolExecutor`` of ``workers`` processes.
+* ``process`` — a plain loop in this process when ``workers <= 1``, else a
+  ``ProcessPoolExecutor`` of ``workers`` processes forked from a fork server that imported the
+  task's module once (:func:`nsacdrive.common.workers.worker_pool`).
 * ``ray`` — one Ray task per call (``num_cpus=1``), gathered with ``ray.wait``. Without an
   address (and no ``RAY_ADDRESS`` in the environment) a private local cluster of ``workers``
   CPUs is started and shut down afterwards; with ``address`` (``host:port``, ``auto`` or
@@ -32,14 +33,13 @@ import os
 import secrets
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from contextlib import contextmanager
-from multiprocessing import get_context
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from nsacdrive.common.workers import pool_initializer, single_threaded_worker
+from nsacdrive.common.workers import single_threaded_worker, worker_pool
 
 BACKENDS = ("process", "ray")
 RAY_MISSING = "--backend ray needs the optional extra: pip install 'nsacdrive[ray]'"
@@ -127,7 +127,7 @@ def _run_ray(function: Callable[..., R], argument_tuples: list[tuple], workers: 
 
 
 def _run_processes(function: Callable[..., R], argument_tuples: list[tuple], workers: int) -> Iterator[R]:
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=pool_initializer()) as pool:
+    with worker_pool(workers, function) as pool:
         pending = {pool.submit(function, *arguments) for arguments in argument_tuples}
         try:
             while pending:

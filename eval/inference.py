@@ -21,7 +21,6 @@ the pipe carries only small messages and the predictions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nsacdrive.common.workers import worker_context
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
@@ -52,7 +52,7 @@ class InferenceProcess:
     def __init__(self, run_dir: str | Path, samples: int | None = None, threads: int | None = None, raw: bool = False,
                  device: str = "cpu") -> None:
         """Start the child and load the run there; InferenceError (with the child's reason) if it cannot."""
-        context = get_context("spawn")  # fork is unsafe once OpenMP threads exist in the parent
+        context = worker_context(_serve.__module__)  # forked from a fork server, never from this process
         self._connection, child_end = context.Pipe()
         self._process = context.Process(target=_serve, name=f"nsacdrive-inference-{Path(run_dir).name}", daemon=True,
                                         args=(child_end, str(run_dir), samples, threads or torch.get_num_threads(), raw, device))

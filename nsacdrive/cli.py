@@ -20,6 +20,7 @@ from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
 from nsacdrive.common.resume import SettingsChanged
 from nsacdrive.common.shutdown import skip_final_collection
+from nsacdrive.common.workers import start_worker_server
 from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
@@ -567,6 +568,8 @@ def closed_loop_eval(
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
+    if backend.value == "process" and (workers > 1 or inference.value != "inline"):
+        start_worker_server("nsacdrive.eval.closed_loop")  # its imports run beside the next line's
     from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     if address is not None and backend.value != "ray":

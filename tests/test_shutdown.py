@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 import pytest
 
-from nsacdrive.common.workers import pool_initializer
+from nsacdrive.common.workers import worker_pool
 
 #: a reference cycle with finalizers left for the collector at exit, and an exit handler of its own
 EXITING = """
@@ -49,7 +47,7 @@ def registered_in_this_process() -> int:
 
 
 def test_pool_workers_skip_it_and_the_cli_does_too():
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=pool_initializer()) as pool:
+    with worker_pool(1, registered_in_this_process) as pool:
         assert pool.submit(registered_in_this_process).result() == 1
     from typer.testing import CliRunner
 

@@ -1,7 +1,9 @@
-"""Process-pool workers end with the process that started them (common/workers.py)."""
+"""Process-pool workers (common/workers.py): forked from one fork server, with the caller's environment
+at their start, ending with the process that started them."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from nsacdrive.common.workers import start_worker_server, worker_pool
+
 #: a parent that starts one pool worker, which records its pid and then works "forever"
 PARENT = """
 import sys, time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
-from nsacdrive.common.workers import pool_initializer
+from nsacdrive.common.workers import worker_pool
 
 def task(path):
     import os
@@ -24,7 +26,7 @@ def task(path):
     time.sleep(120)
 
 if __name__ == "__main__":
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=pool_initializer()) as pool:
+    with worker_pool(1, task) as pool:
         pool.submit(task, sys.argv[1]).result()
 """
 
@@ -64,3 +66,21 @@ def test_a_pool_worker_ends_when_its_parent_is_killed(tmp_path):
         parent.kill()
         parent.wait(10)
 
+
+
+def worker_facts(name: str) -> tuple[int, int, str | None]:
+    """A worker's pid, its parent's pid and its value of the environment variable ``name``."""
+    return os.getpid(), os.getppid(), os.environ.get(name)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is tested where it is the default")
+def test_workers_are_forked_by_one_server_with_the_callers_environment_now(monkeypatch):
+    start_worker_server(__name__)
+    with worker_pool(2, worker_facts) as pool:
+        first = pool.submit(worker_facts, "NSACDRIVE_WORKER_TEST").result()
+    monkeypatch.setenv("NSACDRIVE_WORKER_TEST", "set after the server started")
+    with worker_pool(2, worker_facts) as pool:
+        second = pool.submit(worker_facts, "NSACDRIVE_WORKER_TEST").result()
+    assert first[1] == second[1] != os.getpid()  # both forked by the same server, not by this process
+    assert first[0] != second[0]
+    assert first[2] is None and second[2] == "set after the server started"
