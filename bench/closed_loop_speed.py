@@ -47,6 +47,7 @@ import torch
 from bench.common import NSACDRIVE, print_table, recipe, replay_rate
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
+from nsacdrive.cli import WORKER_TASKS_MODULE
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.workers import start_worker_server
@@ -267,7 +268,7 @@ def timed_command(run: Path, workers: int) -> tuple[int, float]:
 
 
 def main() -> None:
-    start_worker_server(closed_loop_module.__name__)  # as `nsacdrive eval` does at its start
+    start_worker_server(WORKER_TASKS_MODULE)  # as `nsacdrive eval` does at its start
     torch.set_num_threads(1)
     keep_freed_memory()  # as every evaluation worker does
     rows: list[tuple[str, str]] = []

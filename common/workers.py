@@ -72,7 +72,9 @@ def _end_with(parent_pid: int) -> None:
         os._exit(1)
 
     def wait_for_parent() -> None:
-        select.select([pidfd], [], [])  # readable once the process has exited
+        watch = select.poll()
+        watch.register(pidfd, select.POLLIN)  # readable once the process has exited
+        watch.poll()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=wait_for_parent, name="nsacdrive-parent-watch", daemon=True).start()

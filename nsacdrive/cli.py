@@ -33,6 +33,11 @@ from nsacdrive.udacity_cli import udacity_app
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
+#: what the workers of `eval` and `dagger` run: it imports the closed-loop evaluation's and the recorder's
+#: tasks (torch, the envs, the controllers); their fork server imports it before the command's own
+#: imports are done (nsacdrive.common.workers)
+WORKER_TASKS_MODULE = "nsacdrive.eval.dagger"
+
 Model = choice("Model", MODEL_NAMES)
 Renderer = choice("Renderer", RENDERERS)
 EnvName = choice("EnvName", ENVS)
@@ -569,7 +574,7 @@ def closed_loop_eval(
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
     if backend.value == "process" and (workers > 1 or inference.value != "inline"):
-        start_worker_server("nsacdrive.eval.closed_loop")  # its imports run beside the next line's
+        start_worker_server(WORKER_TASKS_MODULE)  # its imports run beside the next line's
     from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
@@ -719,6 +724,8 @@ def dagger(
 ) -> None:
     """DAgger: the learner drives, the privileged expert labels, the controller is fine-tuned; resumable."""
     check_output_folder(out)
+    if workers > 1:
+        start_worker_server(WORKER_TASKS_MODULE)  # the rounds' drives and the evaluation fork their workers from it
     from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
     try:

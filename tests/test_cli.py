@@ -537,3 +537,33 @@ def test_evaluate_offline_of_a_run_that_cannot_load_fails_before_computing(loada
     result = invoke("evaluate-offline", loadable_run, run, "--data", tmp_path, "--out", tmp_path / "table")
     assert result.exit_code == 2
     assert result.output.startswith(f"error: cannot load run {run}: ") and reason in result.output
+
+
+# --------------------------------------------------------------------------- worker fork server
+
+@pytest.mark.parametrize("command, options, starts", [
+    ("eval", ["--workers", "2"], True),
+    ("eval", ["--workers", "1", "--inference", "process"], True),
+    ("eval", ["--workers", "1", "--inference", "inline"], False),
+    ("eval", ["--workers", "2", "--backend", "ray"], False),
+    ("dagger", ["--workers", "2"], True),
+    ("dagger", ["--workers", "1"], False),
+])
+def test_commands_that_fork_workers_start_their_server_first(command, options, starts, tmp_path, monkeypatch):
+    started: list[str] = []
+    monkeypatch.setattr("nsacdrive.cli.start_worker_server", started.append)
+    missing = tmp_path / "no-such-run"
+    target = [missing] if command == "eval" else ["--init", missing]
+    result = invoke(command, *target, *options, "--out", tmp_path / "out")
+    assert result.exit_code != 0  # the run is missing: the command stops after the server's start
+    assert started == (["nsacdrive.eval.dagger"] if starts else [])
+
+
+def test_the_servers_module_holds_the_closed_loop_and_dagger_workers_tasks():
+    from nsacdrive.cli import WORKER_TASKS_MODULE
+    from nsacdrive.data_collection.recorder import record_episode
+    from nsacdrive.eval.closed_loop import _groups_worker
+
+    code = (f"import sys, {WORKER_TASKS_MODULE}; "
+            f"print(*(name in sys.modules for name in ({_groups_worker.__module__!r}, {record_episode.__module__!r}, 'torch')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["True"] * 3
