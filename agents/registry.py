@@ -6,7 +6,7 @@ which factory builds each kind. This layer fills :data:`AGENT_KINDS` with its ow
 (a model trained by ``nsacdrive expert train``, :class:`nsacdrive.agents.ppo.PPOAgent`). A layer above adds its kinds with
 :meth:`AgentKinds.with_kind` (evaluation adds ``controller:RUN``) and hands its table to whatever
 builds agents. Tables travel inside the jobs sent to worker processes and their factories are
-pickled by reference, so a spawned worker builds every kind its parent could; this layer never
+pickled by reference, so a worker process builds every kind its parent could; this layer never
 imports, or names, the layers above it.
 """
 

@@ -46,12 +46,18 @@ def pool_worker(parent_pid: int, environment: dict[str, str]) -> None:
     from its start), single-threaded, quick to exit (:mod:`nsacdrive.common.shutdown`), and sent
     SIGTERM when ``parent_pid`` exits (Linux; elsewhere only single-threaded). Exits at once if
     ``parent_pid`` is already gone."""
-    os.environ.clear()
-    os.environ.update(environment)
+    adopt_environment(environment)
     single_threaded_worker()
     skip_final_collection()
     if sys.platform.startswith("linux"):
         _end_with(parent_pid)
+
+
+def adopt_environment(environment: dict[str, str]) -> None:
+    """Make ``environment`` (the starting process's, taken when it started this one) this process's:
+    a process forked by the fork server would otherwise have the server's, from the server's start."""
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def _end_with(parent_pid: int) -> None:

@@ -20,6 +20,7 @@ the pipe carries only small messages and the predictions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nsacdrive.common.workers import worker_context
+from nsacdrive.common.workers import adopt_environment, worker_context
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 
@@ -55,7 +56,8 @@ class InferenceProcess:
         context = worker_context(_serve.__module__)  # forked from a fork server, never from this process
         self._connection, child_end = context.Pipe()
         self._process = context.Process(target=_serve, name=f"nsacdrive-inference-{Path(run_dir).name}", daemon=True,
-                                        args=(child_end, str(run_dir), samples, threads or torch.get_num_threads(), raw, device))
+                                        args=(child_end, str(run_dir), samples, threads or torch.get_num_threads(), raw, device,
+                                              dict(os.environ)))
         self._process.start()
         child_end.close()
         self._frames: dict[int, tuple[SharedMemory, np.ndarray]] = {}  # slot → its shared frame buffer
@@ -142,8 +144,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _serve(connection: Connection, run_dir: str, samples: int | None, threads: int, raw: bool, device: str) -> None:
+def _serve(connection: Connection, run_dir: str, samples: int | None, threads: int, raw: bool, device: str,
+           environment: dict[str, str]) -> None:
     """The child: load the run, then answer requests until told to stop (None) or the pipe closes."""
+    adopt_environment(environment)  # e.g. CUDA_VISIBLE_DEVICES, read when CUDA starts here
     torch.set_num_threads(threads)
     try:
         loaded = ControllerPolicy(run_dir, samples, device=device, raw=raw)  # the run is loaded (and checked) once up front

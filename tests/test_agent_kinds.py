@@ -1,5 +1,5 @@
 """Agent kinds: the agents layer builds its own, evaluation adds ``controller:RUN``, and the table
-reaches spawned worker processes inside the jobs."""
+reaches worker processes inside the jobs."""
 
 from __future__ import annotations
 
@@ -53,16 +53,16 @@ def _actions(folder):
     return {path.name: load_episode_arrays(path)[1]["actions"] for path in sidecar_paths(folder)}
 
 
-def test_a_controller_agent_records_the_same_episodes_in_spawned_workers(tmp_path):
+def test_a_controller_agent_records_the_same_episodes_in_worker_processes(tmp_path):
     run = tiny_run(tmp_path / "fixture")
     spec = f"controller:{run}"
-    for workers, name in ((1, "here"), (2, "spawned")):
+    for workers, name in ((1, "here"), (2, "workers")):
         summary = collect(CollectConfig(agent=spec, seeds=[3, 4], max_steps=20, workers=workers), tmp_path / name, progress=False, agent_kinds=eval_kinds.AGENT_KINDS)
         assert summary.written == 2
-    here, spawned = _actions(tmp_path / "here"), _actions(tmp_path / "spawned")
-    assert sorted(here) == sorted(spawned) and len(here) == 2
+    here, pooled = _actions(tmp_path / "here"), _actions(tmp_path / "workers")
+    assert sorted(here) == sorted(pooled) and len(here) == 2
     for name in here:
-        np.testing.assert_array_equal(here[name], spawned[name])
+        np.testing.assert_array_equal(here[name], pooled[name])
 
 
 def test_a_sampling_controller_records_the_same_episode_whatever_ran_before_it(tmp_path):

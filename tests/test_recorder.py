@@ -427,7 +427,7 @@ def test_zero_noise_returns_the_label_unchanged_and_draws_nothing():
 
 
 def test_pygame_runs_headless():
-    # conftest sets these before anything imports pygame; spawned recorder workers inherit them
+    # conftest sets these before anything imports pygame; recorder workers take them from this process
     import os
 
     assert os.environ["SDL_VIDEODRIVER"] == "dummy"
