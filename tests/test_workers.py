@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 import pytest
 
-from nsacdrive.common.workers import start_worker_server, worker_pool
+from nsacdrive.common.workers import start_worker_server, worker_context, worker_pool
 
 #: a parent that starts one pool worker, which records its pid and then works "forever"
 PARENT = """
@@ -73,7 +74,7 @@ def worker_facts(name: str) -> tuple[int, int, str | None]:
     return os.getpid(), os.getppid(), os.environ.get(name)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is tested where it is the default")
+@pytest.mark.skipif(not isinstance(worker_context(), ForkServerContext), reason="workers are spawned where there is no fork server")
 def test_workers_are_forked_by_one_server_with_the_callers_environment_now(monkeypatch):
     start_worker_server(__name__)
     with worker_pool(2, worker_facts) as pool:
