@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import print_table, recipe, save_results, training_step
+from bench.common import print_table, recipe, recipe_timestamps, save_results, training_step
 from bench.training_speed import FRONT_CAMERA_CONFIG, FRONT_CAMERA_TARGET_S, front_camera_whole_step
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.data_collection.dataset import sequence_timestamps
 from nsacdrive.envs.observation_kinds import observation_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +62,7 @@ def control_latency(config: TrainConfig, device: torch.device, episodes: int, re
     raw = np.random.default_rng(0).integers(0, 255, (episodes, *kind.raw_shape), dtype=np.uint8)
     history = None
     generators = [torch.Generator().manual_seed(k) for k in range(episodes)]
-    times = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride)).to(device).expand(episodes, -1)
+    times = recipe_timestamps(config, episodes, device)
     speed = torch.full((episodes, 1), 30.0, device=device)
 
     @torch.no_grad()

@@ -245,6 +245,11 @@ def evaluator_phases(run: Path, batch: int) -> dict[str, float]:
     return {**phases, "rest": 1e6 * total / steps - sum(phases.values()), "total": 1e6 * total / steps}
 
 
+def episode_steps(out_dir: Path) -> int:
+    """Env steps of the episodes an evaluation wrote to ``out_dir``."""
+    return sum(json.loads(p.read_text())["steps"] for p in (out_dir / "episodes").glob("*.json"))
+
+
 def timed_eval(run: Path, workers: int, inference: str, max_steps: int = STEPS) -> tuple[int, float]:
     """Env steps and seconds of ``nsacdrive eval`` on :data:`SCALING_SEEDS`, batch 8, start-up included."""
     with tempfile.TemporaryDirectory() as folder:
@@ -253,7 +258,7 @@ def timed_eval(run: Path, workers: int, inference: str, max_steps: int = STEPS) 
                             inference=inference)
         evaluate_closed_loop(config, Path(folder), progress=False)
         seconds = time.perf_counter() - start
-        return sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json")), seconds
+        return episode_steps(Path(folder)), seconds
 
 
 def timed_command(run: Path, workers: int) -> tuple[int, float]:
@@ -264,7 +269,7 @@ def timed_command(run: Path, workers: int) -> tuple[int, float]:
         subprocess.run([*NSACDRIVE, "eval", str(run), "--seeds", seeds, "--max-steps", str(STEPS), "--batch", "8", "--workers",
                         str(workers), "--inference", "inline", "--out", folder], check=True, capture_output=True)
         seconds = time.perf_counter() - start
-        return sum(json.loads(p.read_text())["steps"] for p in (Path(folder) / "episodes").glob("*.json")), seconds
+        return episode_steps(Path(folder)), seconds
 
 
 def main() -> None:

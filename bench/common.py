@@ -51,7 +51,7 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
     kind = observation_kind(config.model.observation)
     frames = torch.randint(0, 256, (batch, config.sequence_length, *kind.frame_shape), dtype=torch.uint8)
     frames = frames.pin_memory() if device.type == "cuda" else frames
-    times = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride)).to(device).expand(batch, -1)
+    times = recipe_timestamps(config, batch, device)
     target, speed = torch.rand(batch, 3, device=device), 30 * torch.rand(batch, config.sequence_length, device=device)
     perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean, config.perturb_std,
                                 config.twin_fraction if twin_fraction is None else twin_fraction)
@@ -64,6 +64,11 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
         optimizer.step()
 
     return step
+
+
+def recipe_timestamps(config: TrainConfig, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The recipe's frame timestamps (seconds before the newest frame) for ``rows`` sequences, [rows, T] on ``device``."""
+    return torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride)).to(device).expand(rows, -1)
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

@@ -37,10 +37,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import NSACDRIVE, PeakRss, median_time, model_recipe, paired_median_ratio, recipe, save_results, training_step
+from bench.common import (
+    NSACDRIVE,
+    PeakRss,
+    median_time,
+    model_recipe,
+    paired_median_ratio,
+    recipe,
+    recipe_timestamps,
+    save_results,
+    training_step,
+)
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
-from nsacdrive.data_collection.dataset import sequence_timestamps
 from nsacdrive.envs.observation import preprocess_observation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +144,7 @@ def control_latency(model: str, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
     controller = build_controller(config.model).eval()
     raw = np.random.default_rng(0).integers(0, 255, (config.sequence_length, 96, 96, 3), dtype=np.uint8)
-    timestamps = torch.from_numpy(sequence_timestamps(config.sequence_length, config.frame_stride))[None]
+    timestamps = recipe_timestamps(config, 1)
 
     def control(samples: int):
         def run() -> None:
