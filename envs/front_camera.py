@@ -15,7 +15,9 @@ view are dropped, the few that cross the near plane are clipped (Sutherland–Ho
 layer is filled with one ``cv2.fillPoly`` call per colour group on a supersampled canvas that
 is area-averaged down (anti-aliasing). ``fillPoly`` fills by the even-odd rule, so overlapping
 quads of one call would cancel: each layer is split into three interleaved groups (index mod 3),
-whose quads never overlap (neighbouring tiles can, on the inside of hairpins).
+whose quads never overlap (neighbouring strips could, on the inside of the tightest bends); the
+grass patches, which never touch, are one group. Quads are stored group by group, so each
+group's visible quads are one slice of the frame's projected vertices.
 
 Colours follow the env's :class:`nsacdrive.envs.colours.ColourScheme` (see :class:`FrontCameraPalette`).
 """
@@ -157,15 +159,18 @@ def track_strip(track: np.ndarray, inner: float, outer: float) -> np.ndarray:
 
 
 def _clip_near(quad: np.ndarray, y_near: float) -> np.ndarray:
-    """Sutherland–Hodgman: the part of a ground polygon (camera-aligned X, Y) with Y >= y_near."""
+    """Sutherland–Hodgman: the part of a ground polygon (camera-aligned X, Y) with Y >= y_near.
+    Plain floats: numpy operations on single points cost more than the arithmetic."""
+    points = quad.tolist()
     out = []
-    for k in range(len(quad)):
-        p, q = quad[k], quad[(k + 1) % len(quad)]
-        p_in, q_in = p[1] >= y_near, q[1] >= y_near
+    for k, (px, py) in enumerate(points):
+        qx, qy = points[(k + 1) % len(points)]
+        p_in, q_in = py >= y_near, qy >= y_near
         if p_in:
-            out.append(p)
+            out.append((px, py))
         if p_in != q_in:
-            out.append(p + (y_near - p[1]) / (q[1] - p[1]) * (q - p))
+            t = (y_near - py) / (qy - py)
+            out.append((px + t * (qx - px), py + t * (qy - py)))
     return np.array(out, dtype=np.float64).reshape(-1, 2)
 
 
@@ -199,8 +204,9 @@ class FrontCamera:
         self._y_bottom = c.mount_height / math.tan(below) - 1e-6 if below < math.pi / 2 else -math.inf
         self._tan_side = (c.width * s / 2 + 1) / self._focal  # |X| / depth beyond this: off the frame's sides
         first_haze_row = max(int(math.floor(c.horizon_row)) + 1, 0)
-        self._haze_rows = np.arange(first_haze_row, min(first_haze_row + c.haze_rows, c.height))
-        alpha = 0.55 * (1 - (self._haze_rows - c.horizon_row) / (c.haze_rows + 1))
+        haze_rows = np.arange(first_haze_row, min(first_haze_row + c.haze_rows, c.height))
+        self._haze = slice(first_haze_row, first_haze_row + len(haze_rows))  # a slice: a view, not a fancy-index copy
+        alpha = 0.55 * (1 - (haze_rows - c.horizon_row) / (c.haze_rows + 1))
         self._haze_alpha = np.clip(alpha, 0.0, 1.0)[:, None, None].astype(np.float32)
         self._track_key: int | None = None
         self._groups: list[tuple[np.ndarray, str]] = []
@@ -224,19 +230,22 @@ class FrontCamera:
         # (quads, palette colour) in paint order; road tiles keep CarRacing's i % 3 shades
         layers = [(grass_patches(), "grass")] + [(tiles[k::3], f"road{k}") for k in range(3)]
         layers += [(red.reshape(-1, 4, 2), "kerb_red"), (white.reshape(-1, 4, 2), "kerb_white"), (lines, "line"), (dashes, "line")]
-        quads, groups, start = [], [], 0
+        quads, names, sizes = [], [], []
         for polys, colour in layers:
-            for g in range(_GROUPS):
-                part = polys[g::_GROUPS]
+            count = 1 if colour == "grass" else _GROUPS  # grass patches lie GRASS_DIM apart: none overlap or touch
+            for g in range(count):
+                part = polys[g::count]
                 if len(part):
                     quads.append(part)
-                    groups.append((np.arange(start, start + len(part)), colour))
-                    start += len(part)
+                    names.append(colour)
+                    sizes.append(len(part))
         self._quads = np.concatenate(quads)
         self._centres = self._quads.mean(axis=1)
         self._radii = np.linalg.norm(self._quads - self._centres[:, None], axis=2).max(axis=1)
-        self._groups = groups
-        self._group_of = np.concatenate([np.full(len(indices), g) for g, (indices, _) in enumerate(groups)])
+        # quads are stored group by group in paint order: group g is quads[bounds[g]:bounds[g + 1]]
+        self._group_names = names
+        self._group_bounds = np.concatenate([[0], np.cumsum(sizes)])
+        self._group_of = np.repeat(np.arange(len(sizes)), sizes)
         self._track_key = key
 
     def _paint_of(self, scheme: ColourScheme) -> _Paint:
@@ -278,32 +287,31 @@ class FrontCamera:
         ground_x, ground_y = rel @ right, rel @ forward  # (n, 4): right of and ahead of the camera
         depth = ground_y * self._cos + c.mount_height * self._sin
         side = depth.max(axis=1, keepdims=True) * self._tan_side
-        keep = (ground_y.max(axis=1) >= self._y_bottom) & ~(ground_x > side).all(axis=1) & ~(ground_x < -side).all(axis=1)
+        keep = (ground_y.max(axis=1) >= self._y_bottom) & (ground_x <= side).any(axis=1) & (ground_x >= -side).any(axis=1)
         whole = keep & (ground_y.min(axis=1) >= self._y_near)
-        pixels = np.zeros((len(self._quads), 4, 2), dtype=np.int32)
         u, v = self._project(ground_x[whole], ground_y[whole], depth[whole])
-        pixels[candidates[whole]] = np.round(np.stack([u, v], axis=-1) * _ONE)
-        drawn = np.zeros(len(self._quads), dtype=bool)
-        drawn[candidates[whole]] = True
+        pixels = np.round(np.stack([u, v], axis=-1) * _ONE).astype(np.int32)  # whole quads, group by group
+        # candidates are sorted, so each group's whole quads are one slice of `pixels`: no per-group indexing
+        bounds = np.searchsorted(candidates[whole], self._group_bounds).tolist()
         clipped: dict[int, list[np.ndarray]] = {}  # group → its quads that cross the near plane, clipped
-        for k in np.flatnonzero(keep & ~whole):
+        for k in np.flatnonzero(keep & ~whole).tolist():
             polygon = self._clip_to_canvas(ground_x[k], ground_y[k])
             if polygon is not None:
                 clipped.setdefault(int(self._group_of[candidates[k]]), []).append(polygon)
-        for group, (indices, name) in enumerate(self._groups):
+        for group, name in enumerate(self._group_names):
             colour = paint.colours[name]
-            visible = indices[drawn[indices]]
-            if len(visible):
-                cv2.fillPoly(canvas, pixels[visible], colour, cv2.LINE_8, _SHIFT)
+            if bounds[group + 1] > bounds[group]:
+                cv2.fillPoly(canvas, pixels[bounds[group]:bounds[group + 1]], colour, cv2.LINE_8, _SHIFT)
             if group in clipped:
                 cv2.fillPoly(canvas, clipped[group], colour, cv2.LINE_8, _SHIFT)
         frame = canvas
         for level in range(c.supersample.bit_length() - 2, -1, -1):
             # an exact 2× bilinear shrink averages 2×2 blocks: repeated, a box (area) filter
             frame = cv2.resize(frame, (c.width << level, c.height << level), interpolation=cv2.INTER_LINEAR)
-        if len(self._haze_rows):
-            band = frame[self._haze_rows].astype(np.float32)
-            frame[self._haze_rows] = np.rint(band + self._haze_alpha * (paint.haze_colour - band)).astype(np.uint8)
+        band = frame[self._haze]
+        if len(band):
+            blend = band.astype(np.float32)
+            band[:] = np.rint(blend + self._haze_alpha * (paint.haze_colour - blend))
         return frame
 
     def _project(self, ground_x: np.ndarray, ground_y: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
