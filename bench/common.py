@@ -117,6 +117,19 @@ def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., An
     return rate
 
 
+def paired_rates(pixel: Callable[[], float], render_free: Callable[[], float], pairs: int) -> dict[str, object]:
+    """Steps/s of a pixel env and of render-free physics (each call one fresh replay of the same
+    actions), alternated ``pairs`` times so a load spike on a shared machine lands on both sides of
+    a pair: the medians, and the pixel env's share of render-free as the median of the paired ratios."""
+    pixel_rates, free_rates = [], []
+    for _ in range(pairs):
+        pixel_rates.append(pixel())
+        free_rates.append(render_free())
+    shares = [p / f for p, f in zip(pixel_rates, free_rates, strict=True)]
+    return {"pixel": float(np.median(pixel_rates)), "render_free": float(np.median(free_rates)),
+            "share": float(np.median(shares)), "share_range": [float(min(shares)), float(max(shares))], "pairs": pairs}
+
+
 class PeakRss:
     """Samples the summed RSS of a process and all its children every 50 ms."""
 

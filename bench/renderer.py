@@ -26,7 +26,7 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 from gymnasium.envs.box2d.car_racing import CarRacing  # noqa: E402
 
-from bench.common import print_table, replay_rate  # noqa: E402
+from bench.common import paired_rates, print_table, replay_rate  # noqa: E402
 from nsacdrive.agents.expert import PurePursuitExpert  # noqa: E402
 from nsacdrive.agents.rollout import drive  # noqa: E402
 from nsacdrive.common.atomic import atomic_write_json  # noqa: E402
@@ -43,17 +43,14 @@ FIDELITY_TARGET = 1.0  # issue 19: mean |fast − stock| ≤ 1/255 after the zoo
 
 def replay_speed(actions: list[np.ndarray], seed: int, pairs: int) -> dict[str, float]:
     """Steps/s of each renderer replaying ``actions``; fast and render-free alternate ``pairs`` times."""
-    fast, free = [], []
-    for _ in range(pairs):
-        fast.append(replay_rate(actions, seed, renderer="fast"))
-        free.append(replay_rate(actions, seed, render_observations=False))
-    share = [f / r for f, r in zip(fast, free, strict=True)]
+    paired = paired_rates(lambda: replay_rate(actions, seed, renderer="fast"),
+                          lambda: replay_rate(actions, seed, render_observations=False), pairs)
     out = {
         "stock": replay_rate(actions, seed, renderer="stock"),
-        "fast": float(np.median(fast)),
-        "render_free": float(np.median(free)),
-        "fast_share_of_render_free": float(np.median(share)),
-        "fast_share_range": [float(min(share)), float(max(share))],
+        "fast": paired["pixel"],
+        "render_free": paired["render_free"],
+        "fast_share_of_render_free": paired["share"],
+        "fast_share_range": paired["share_range"],
         "pairs": pairs,
     }
     out["fast_over_stock"] = out["fast"] / out["stock"]

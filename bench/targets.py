@@ -42,6 +42,8 @@ TARGETS = (
            lambda r: r["speed"]["fast_share_of_render_free"], PIXEL_SHARE_TARGET, True, share),
     Target("   fidelity: mean |fast − stock| after the zoom-in, 0–255", "renderer",
            lambda r: r["fidelity"]["mae_after_zoom_in"], FIDELITY_TARGET, False, lambda v: f"{v:.3f}"),
+    Target("   front-camera env / render-free physics steps/s (bench.front_camera)", "front-camera",
+           lambda r: r["env"]["udacity_style_share_of_render_free"], PIXEL_SHARE_TARGET, True, share),
     Target("2. `nsacdrive eval`, 2 workers / 2 × one env (bench.closed_loop_speed)", "closed_loop_speed",
            lambda r: r["evaluator_share_of_two_envs"], EVALUATOR_TARGET, True, share),
     Target("3. NSAC training samples/s, now / before (bench.training_speed)", "training_speed",

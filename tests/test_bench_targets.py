@@ -7,6 +7,7 @@ import json
 import pytest
 
 import bench.targets as targets
+from bench.common import paired_rates
 
 
 @pytest.fixture
@@ -24,16 +25,18 @@ def test_a_figure_meets_or_misses_its_target_in_the_right_direction(results):
                                                        "fidelity": {"mae_after_zoom_in": 1.2}}))
     assert targets.verdict(by_label("1. pixel env")) == ("41%", "met")  # at least 40 %
     assert targets.verdict(by_label("fidelity")) == ("1.200", "not met")  # at most 1/255
+    (results / "front-camera.json").write_text(json.dumps({"env": {"udacity_style_share_of_render_free": 0.13}}))
+    assert targets.verdict(by_label("front-camera env")) == ("13%", "not met")  # the same 40 % as CarRacing's pixel env
 
 
 def test_the_quick_run_is_used_and_marked_when_the_full_one_is_missing(results):
     whole = {"front_camera_whole_step": {"step_seconds": [0.41, 0.29]}, "nsac_before_and_now": {"speedup": 1.7}}
     (results / "training_speed-quick.json").write_text(json.dumps(whole))
-    assert targets.verdict(by_label("front-camera")) == ("0.290 s (--quick)", "met")  # the steady epoch, at most 0.3 s
+    assert targets.verdict(by_label("front-camera training")) == ("0.290 s (--quick)", "met")  # the steady epoch, at most 0.3 s
     assert targets.verdict(by_label("3. NSAC")) == ("1.70× (--quick)", "not met")
     (results / "training_speed.json").write_text(json.dumps({"nsac_before_and_now": {"speedup": 2.1}}))
     assert targets.verdict(by_label("3. NSAC")) == ("2.10×", "met")  # the full run wins
-    assert targets.verdict(by_label("front-camera")) == ("—", "not in bench/results/training_speed.json: run its script again")
+    assert targets.verdict(by_label("front-camera training")) == ("—", "not in bench/results/training_speed.json: run its script again")
 
 
 def test_a_script_that_never_ran_is_named(results):
@@ -47,3 +50,11 @@ def test_the_accelerator_row_says_whether_a_gpu_ran(results):
     assert targets.accelerator_row() == ("CPU only", "not run on a GPU (none on this machine)")
     (results / "accelerator.json").write_text(json.dumps({"cpu": cpu, "cuda": {"name": "NVIDIA H200", "train_samples_per_s": 950.0}}))
     assert targets.accelerator_row() == ("950 samples/s on NVIDIA H200 (9.5× the CPU)", "run")
+
+
+def test_paired_rates_take_the_median_of_each_pairs_ratio():
+    """A load spike slows both sides of one pair: the paired share ignores it, a ratio of medians would not."""
+    pixel, free = iter([100.0, 50.0, 100.0, 100.0]), iter([400.0, 200.0, 400.0, 300.0])
+    rates = paired_rates(lambda: next(pixel), lambda: next(free), pairs=4)
+    assert rates["pixel"] == 100.0 and rates["render_free"] == 350.0
+    assert rates["share"] == 0.25 and rates["share_range"] == [0.25, 1 / 3] and rates["pairs"] == 4
