@@ -209,7 +209,7 @@ class FrontCamera:
         alpha = 0.55 * (1 - (haze_rows - c.horizon_row) / (c.haze_rows + 1))
         self._haze_alpha = np.clip(alpha, 0.0, 1.0)[:, None, None].astype(np.float32)
         self._track_key: int | None = None
-        self._groups: list[tuple[np.ndarray, str]] = []
+        self._group_names: list[str] = []  # fill groups in paint order (palette colour names), set by _sync_track
         self._paint: dict[ColourScheme, _Paint] = {}
 
     # ------------------------------------------------------------------ scene
