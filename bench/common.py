@@ -75,30 +75,34 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
+    timed = elapsed(fn)
+    return statistics.median(timed() for _ in range(repeats))
+
+
+def alternate(first: Callable[[], float], second: Callable[[], float], pairs: int) -> tuple[list[float], list[float]]:
+    """What ``first()`` and ``second()`` return, called in turn ``pairs`` times: a load spike on a
+    shared machine hits both sides of a pair, not one side's whole series."""
+    results = [(first(), second()) for _ in range(pairs)]
+    return [a for a, _ in results], [b for _, b in results]
+
+
+def elapsed(fn: Callable[[], object]) -> Callable[[], float]:
+    """``fn`` as a callable that returns its wall time in seconds."""
+    def timed() -> float:
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return time.perf_counter() - start
+    return timed
 
 
 def paired_median_ratio(baseline: Callable[[], object], candidate: Callable[[], object], repeats: int,
                         warmup: int = 1) -> tuple[float, float, float]:
-    """Median times of ``baseline`` and ``candidate`` called alternately, and the median of their
-    per-pair ratios: a load spike on a shared machine hits both sides of a pair, not one side's
-    whole series."""
+    """Median times of ``baseline`` and ``candidate`` called alternately (:func:`alternate`), and the
+    median of their per-pair ratios."""
     for _ in range(warmup):
         baseline(), candidate()
-    pairs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        baseline()
-        middle = time.perf_counter()
-        candidate()
-        pairs.append((middle - start, time.perf_counter() - middle))
-    base, cand = zip(*pairs, strict=True)
-    return statistics.median(base), statistics.median(cand), statistics.median(c / b for b, c in pairs)
+    base, cand = alternate(elapsed(baseline), elapsed(candidate), repeats)
+    return statistics.median(base), statistics.median(cand), statistics.median(c / b for b, c in zip(base, cand, strict=True))
 
 
 def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., Any] | None = None, **env_kwargs: Any) -> float:
@@ -119,12 +123,9 @@ def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., An
 
 def paired_rates(pixel: Callable[[], float], render_free: Callable[[], float], pairs: int) -> dict[str, object]:
     """Steps/s of a pixel env and of render-free physics (each call one fresh replay of the same
-    actions), alternated ``pairs`` times so a load spike on a shared machine lands on both sides of
-    a pair: the medians, and the pixel env's share of render-free as the median of the paired ratios."""
-    pixel_rates, free_rates = [], []
-    for _ in range(pairs):
-        pixel_rates.append(pixel())
-        free_rates.append(render_free())
+    actions), alternated ``pairs`` times (:func:`alternate`): the medians, and the pixel env's share
+    of render-free as the median of the paired ratios."""
+    pixel_rates, free_rates = alternate(pixel, render_free, pairs)
     shares = [p / f for p, f in zip(pixel_rates, free_rates, strict=True)]
     return {"pixel": float(np.median(pixel_rates)), "render_free": float(np.median(free_rates)),
             "share": float(np.median(shares)), "share_range": [float(min(shares)), float(max(shares))], "pairs": pairs}

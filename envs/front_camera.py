@@ -245,7 +245,6 @@ class FrontCamera:
         # quads are stored group by group in paint order: group g is quads[bounds[g]:bounds[g + 1]]
         self._group_names = names
         self._group_bounds = np.concatenate([[0], np.cumsum(sizes)])
-        self._group_of = np.repeat(np.arange(len(sizes)), sizes)
         self._track_key = key
 
     def _paint_of(self, scheme: ColourScheme) -> _Paint:
@@ -297,7 +296,8 @@ class FrontCamera:
         for k in np.flatnonzero(keep & ~whole).tolist():
             polygon = self._clip_to_canvas(ground_x[k], ground_y[k])
             if polygon is not None:
-                clipped.setdefault(int(self._group_of[candidates[k]]), []).append(polygon)
+                group = int(np.searchsorted(self._group_bounds, candidates[k], side="right")) - 1
+                clipped.setdefault(group, []).append(polygon)
         for group, name in enumerate(self._group_names):
             colour = paint.colours[name]
             if bounds[group + 1] > bounds[group]:
