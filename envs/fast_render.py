@@ -199,7 +199,7 @@ class FastStateRenderer:
         self._static = np.concatenate([field, grass_patches()])  # background field, then grass patches
         self._raster: TrackRaster | None = None
         self._track_poly: list | None = None
-        self._car_key: int | None = None
+        self._car = None  # the env's car the cached bodies belong to
         # The camera holds the hull at (W/2, 3H/4) of the screen: the car patch never moves.
         reach = CAR_REACH * ZOOM * SCALE
         self._car_cols = slice(math.floor((WINDOW_W / 2 - reach) * STATE_W / WINDOW_W),
@@ -282,7 +282,7 @@ class FastStateRenderer:
     def _sync_car(self, car) -> None:
         """Cache the car's bodies (wheels first, the hull last: the stock drawing order), the wheels'
         local corners and the hull's local polygons (padded to MAX_VERTICES)."""
-        if id(car) != self._car_key:
+        if car is not self._car:  # identity, not id(): a new car can take a freed one's address
             self._car_bodies = list(car.drawlist)
             *wheels, hull = self._car_bodies
             self._wheel_corners = [[tuple(v) for v in wheel.fixtures[0].shape.vertices] for wheel in wheels]
@@ -290,7 +290,7 @@ class FastStateRenderer:
             self._hull_local = np.stack([_pad(np.array(f.shape.vertices, dtype=np.float64), self.MAX_VERTICES) for f in hull.fixtures])
             self._hull_colour = tuple(int(c * 255) for c in hull.color)
             self._hull_zoom: float | None = None
-            self._car_key = id(car)
+            self._car = car
 
     def _hull_layer(self, camera: _Camera, hull) -> tuple[np.ndarray, np.ndarray]:
         """The hull's colour and footprint on the supersampled car patch. The camera holds the hull

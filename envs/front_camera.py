@@ -208,15 +208,14 @@ class FrontCamera:
         self._haze = slice(first_haze_row, first_haze_row + len(haze_rows))  # a slice: a view, not a fancy-index copy
         alpha = 0.55 * (1 - (haze_rows - c.horizon_row) / (c.haze_rows + 1))
         self._haze_alpha = np.clip(alpha, 0.0, 1.0)[:, None, None].astype(np.float32)
-        self._track_key: int | None = None
+        self._track_poly: list | None = None  # the env's road_poly the cached quads were built from
         self._group_names: list[str] = []  # fill groups in paint order (palette colour names), set by _sync_track
         self._paint: dict[ColourScheme, _Paint] = {}
 
     # ------------------------------------------------------------------ scene
     def _sync_track(self, env) -> None:
         """Cache the ground quads of the current track by layer (rebuilt when the env resets)."""
-        key = id(env.road_poly)
-        if key == self._track_key:
+        if env.road_poly is self._track_poly:  # identity, not id(): a freed list's id can come back
             return
         tile_colours = {id(tile.color) for tile in env.road}  # the rest of road_poly are kerbs
         tiles = np.array([poly for poly, colour in env.road_poly if id(colour) in tile_colours], dtype=np.float64)
@@ -245,7 +244,7 @@ class FrontCamera:
         # quads are stored group by group in paint order: group g is quads[bounds[g]:bounds[g + 1]]
         self._group_names = names
         self._group_bounds = np.concatenate([[0], np.cumsum(sizes)])
-        self._track_key = key
+        self._track_poly = env.road_poly
 
     def _paint_of(self, scheme: ColourScheme) -> _Paint:
         """Background and group colours of ``scheme`` (cached; groups name palette colours)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gymnasium.envs.box2d.car_dynamics import Car
 from gymnasium.envs.box2d.car_racing import CarRacing
 
 from nsacdrive.agents.expert import PurePursuitExpert
@@ -88,6 +89,22 @@ def test_car_drawn_at_the_same_place_and_heading():
     (fast_centre, fast_axis), (stock_centre, stock_axis) = mask_pose(fast_mask), mask_pose(stock_mask)
     assert np.linalg.norm(fast_centre - stock_centre) < 0.75
     assert abs(fast_axis - stock_axis) < 0.3
+
+
+def test_a_new_car_at_a_freed_cars_address_is_drawn_anew():
+    """The renderer caches the car's bodies; a new car can be allocated where the old, freed one lay,
+    so the cache must not key on ``id()`` (it would draw the old car's bodies)."""
+    env = make_car_racing(render_observations=False, renderer="fast", max_episode_steps=200)
+    env.reset(seed=3)
+    base = env.unwrapped
+    for _ in range(60):  # past the zoom-in
+        env.step(np.array([0.0, 0.5, 0.0], dtype=np.float32))
+    base.render_observation()  # this car's bodies cached
+    angle, (x, y) = base.car.hull.angle, base.car.hull.position
+    base.car.destroy()
+    base.car = None  # the old car's last reference unless the renderer keeps one
+    base.car = Car(base.world, angle + 0.5, x + 3.0, y)  # typically takes the freed car's place
+    np.testing.assert_array_equal(base.render_observation(), FastStateRenderer().render(base))
 
 
 def test_colour_presets_are_honoured():

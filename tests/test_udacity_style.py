@@ -26,7 +26,7 @@ from nsacdrive.data_collection.recorder import CollectConfig, collect
 from nsacdrive.data_collection.udacity_import import read_driving_log
 from nsacdrive.data_collection.udacity_layout import EPISODES_DIR, IMG_DIR, MPH_PER_UNIT_PER_SECOND
 from nsacdrive.envs.colours import DEFAULT_SCHEME, resolve_colour_scheme
-from nsacdrive.envs.front_camera import SKY_TOP, CameraConfig, FrontCameraPalette, _clip_near
+from nsacdrive.envs.front_camera import SKY_TOP, CameraConfig, FrontCamera, FrontCameraPalette, _clip_near
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.envs.state import privileged_state, shifted_sideways
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE
@@ -161,6 +161,21 @@ def test_camera_follows_the_heading():
     base.car.hull.angle += 0.3  # turned left (counter-clockwise): the road moves right in the image
     turned = _road_centroid(base.render_observation(), slice(70, 100))
     assert turned > straight + 20
+
+
+def test_camera_redraws_a_new_track_whose_list_reuses_a_freed_ones_address():
+    """The camera caches a track's quads; a new track's ``road_poly`` list may be allocated where the
+    old, freed one lay (CPython reuses list objects), so the cache must not key on ``id()``."""
+    env = make_udacity_style(render_observations=False)
+    env.reset(seed=SEED)
+    base = env.unwrapped
+    base.render_observation()  # quads of track SEED cached
+    other = make_udacity_style(render_observations=False)
+    other.reset(seed=SEED + 1)
+    base.road, base.track = other.unwrapped.road, other.unwrapped.track
+    base.road_poly = None  # the old list's last reference unless the camera keeps one
+    base.road_poly = list(other.unwrapped.road_poly)  # takes the freed list's place (CPython's list free list)
+    np.testing.assert_array_equal(base.render_observation(), FrontCamera(base.camera.config).render(base, 0.0))
 
 
 def test_near_plane_clipping_keeps_the_part_in_front():
