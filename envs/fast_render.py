@@ -209,8 +209,8 @@ class FastStateRenderer:
         self._car_origin = (self._car_cols.start * supersample, self._car_rows.start * supersample)
 
     def release(self) -> None:
-        """Hand the raster's memory to the next env of this process (the env is closing); a later
-        reset draws a new raster."""
+        """Hand the raster's memory to the process's pool (the env is closing, or its track is gone):
+        the next raster drawn in this process reuses it; a later reset draws a new raster."""
         if self._raster is not None:
             keep_buffer(self._raster.buffer)
             self._raster = None
@@ -239,9 +239,10 @@ class FastStateRenderer:
         """Rows 0..83 before the level table, cut from the track's raster; None when the view
         leaves the raster."""
         if self._raster is None or self._raster.road_poly is not env.road_poly:  # a new reset
+            self.release()  # the old track's memory, for this raster or a later one
             bg, grass = (tuple(int(c) for c in colour) for colour in (env.bg_color, env.grass_color))
             self._raster = TrackRaster(env.road_poly, env.tile_colours, self._static, [bg] + [grass] * (len(self._static) - 1),
-                                       self.raster_density, self.footprint, None if self._raster is None else self._raster.buffer)
+                                       self.raster_density, self.footprint)
         self._raster.refresh()
         return self._raster.sample(camera.world_from_output(self.supersample), (HUD_ROW, STATE_W))
 

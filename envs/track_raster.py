@@ -25,7 +25,8 @@ GRASS_PERIOD = 2 * GRASS_DIM  # world units: the grass patches repeat every othe
 VIEW_REACH = 50.0  # world units: no part of the 96×84 view lies farther from the car (≤ 48.2)
 
 
-#: raster buffers of closed envs, kept for the next track of this process (the largest SPARE_LIMIT)
+#: buffers of finished rasters (a closed env's, a reset env's old track), kept for the next track
+#: of this process (the largest SPARE_LIMIT)
 _SPARE: list[np.ndarray] = []
 SPARE_LIMIT = 32  # one lockstep group of envs
 
@@ -69,7 +70,9 @@ def pattern_pixels(density: float) -> int:
 
 
 class TrackRaster:
-    """World-aligned, footprint-blurred raster of one track's field, grass and road.
+    """World-aligned, footprint-blurred raster of one track's field, grass and road. Its memory is a
+    kept buffer of an earlier raster of this process (:func:`take_buffer`: its pages are already
+    mapped, and first touches of fresh memory are slow on virtual machines) or new memory.
 
     :param road_poly: the env's ``road_poly`` list of (vertices, colour) in drawing order.
     :param tile_colours: the env's (n_tiles, 3) array of tile colours, repainted in place on
@@ -78,13 +81,10 @@ class TrackRaster:
     :param colours: one colour for each scene polygon.
     :param density: raster pixels per world unit (a whole number of pixels per grass period).
     :param footprint: side in world units of the box the raster is blurred with (one output pixel).
-    :param buffer: memory of an earlier raster to reuse (its pages are already mapped: first
-        touches of fresh memory are slow on virtual machines); when None or too small, a kept
-        buffer of a closed env (:func:`keep_buffer`) or new memory.
     """
 
     def __init__(self, road_poly: list, tile_colours: np.ndarray, scene: np.ndarray, colours: list[tuple[int, int, int]],
-                 density: float, footprint: float, buffer: np.ndarray | None = None) -> None:
+                 density: float, footprint: float) -> None:
         self.road_poly = road_poly
         self.density = float(density)
         period = pattern_pixels(self.density)
@@ -100,7 +100,7 @@ class TrackRaster:
         self._origin = (float(self.origin[0]), float(self.origin[1]))
         cols, rows = np.ceil((high - self.origin) * self.density / self.chunk).astype(int) + 1
         size = rows * cols * self.chunk**2 * 3
-        self.buffer = buffer if buffer is not None and buffer.size >= size else take_buffer(size)
+        self.buffer = take_buffer(size)
         self.image = self.buffer[:size].reshape(rows * self.chunk, cols * self.chunk, 3)
         self._built = np.zeros((rows, cols), dtype=bool)
         self._scene_fixed, self._scene_boxes = self._to_pixels(scene)

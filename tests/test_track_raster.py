@@ -108,7 +108,8 @@ def frames_against_stock(env, actions) -> list[float]:
     return maes
 
 
-def test_a_second_episode_reuses_the_raster_memory_and_still_matches_stock():
+def test_a_second_episode_reuses_the_raster_memory_and_still_matches_stock(monkeypatch):
+    monkeypatch.setattr(track_raster, "_SPARE", [])  # this test's own pool
     env = make_car_racing(render_observations=False, renderer="fast", max_episode_steps=200)
     actions = [np.array([0.1 * np.sin(t / 9), 0.4, 0.0], dtype=np.float32) for t in range(90)]
     renderer = env.unwrapped._fast_renderer
