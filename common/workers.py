@@ -86,12 +86,6 @@ def _end_with(parent_pid: int) -> None:
     threading.Thread(target=wait_for_parent, name="nsacdrive-parent-watch", daemon=True).start()
 
 
-def pool_initializer() -> Callable[[], None]:
-    """The initializer every process pool of this package uses: :func:`pool_worker` bound to this
-    process and its environment now."""
-    return functools.partial(pool_worker, os.getpid(), dict(os.environ))
-
-
 def worker_context(preload: str | None = None) -> multiprocessing.context.BaseContext:
     """The start method of every worker process of this package: a fork server (spawn where the
     platform has none, or no pidfds). The server is one per process; it starts with the first worker (or
@@ -107,8 +101,10 @@ def worker_context(preload: str | None = None) -> multiprocessing.context.BaseCo
 
 
 def worker_pool(workers: int, task: Callable) -> ProcessPoolExecutor:
-    """A pool of ``workers`` processes (:func:`pool_worker`) forked from the server that imported ``task``'s module."""
-    return ProcessPoolExecutor(workers, mp_context=worker_context(task.__module__), initializer=pool_initializer())
+    """A pool of ``workers`` processes forked from the server that imported ``task``'s module, each
+    started by :func:`pool_worker` with this process's pid and its environment now."""
+    return ProcessPoolExecutor(workers, mp_context=worker_context(task.__module__),
+                               initializer=functools.partial(pool_worker, os.getpid(), dict(os.environ)))
 
 
 def start_worker_server(preload: str) -> None:

@@ -68,7 +68,6 @@ def test_a_pool_worker_ends_when_its_parent_is_killed(tmp_path):
         parent.wait(10)
 
 
-
 def worker_facts(name: str) -> tuple[int, int, str | None]:
     """A worker's pid, its parent's pid and its value of the environment variable ``name``."""
     return os.getpid(), os.getppid(), os.environ.get(name)
