@@ -208,8 +208,8 @@ class TrackRaster:
             for poly in self._road_fixed[later[later > index]] - shift:
                 cv2.fillConvexPoly(mask, poly, 0, cv2.LINE_AA, _SHIFT)
             coverage = cv2.sepFilter2D(mask, cv2.CV_32F, self._kernel, self._kernel, borderType=cv2.BORDER_CONSTANT)
-            scale = change.astype(np.float32) / 255
-            delta = cv2.merge([coverage * scale[0], coverage * scale[1], coverage * scale[2]])  # (h, w, 3); 4× cv2.transform's speed
+            # (h, w, 3): one float32 product per channel, merged (4× the speed of cv2.transform's 1 → 3 path)
+            delta = cv2.merge([coverage * scale for scale in change.astype(np.float32) / 255])
             region = self.image[top:bottom, left:right]
             cv2.add(region, delta, dst=region, dtype=cv2.CV_8U)  # rounds and saturates
         return len(changed)
