@@ -1,7 +1,8 @@
 """Training and control on an accelerator, against this machine's CPU, side by side in one run.
 
 * training: samples/s of NSAC steps on the quality recipe's controller (``configs/quality.json``:
-  CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, and seconds per step of the
+  CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, in float32 and with the encoder
+  in bfloat16 (``precision: bfloat16``), and seconds per step of the
   front-camera recipe (``configs/front-camera.json``: NVIDIA encoder, batch 32, twins for a
   quarter; issue 19's target ≤ 0.3 s), each batch arriving as the data pipeline makes it (uint8,
   moved to the device, scaled there) and perturbed as the recipe says, on the CPU (one thread)
@@ -19,6 +20,7 @@ a machine with a GPU is available). Usage: ``python -m bench.accelerator [--quic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -89,6 +91,8 @@ def main() -> None:
     for device in devices:
         results[device.type] = {
             "train_samples_per_s": 64 / timed(training_step(quality, 64, device), device, repeats),
+            "train_samples_per_s_bfloat16": 64 / timed(training_step(dataclasses.replace(quality, precision="bfloat16"), 64, device),
+                                                        device, repeats),
             "front_camera_step_s": timed(training_step(front, front.batch_size, device), device, repeats),
             "control_ms": {str(b): control_latency(quality, device, b, 3 * repeats) for b in (1, 11, 64)},
             "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, 1 thread",
@@ -105,6 +109,7 @@ def main() -> None:
         return text
 
     rows = [("training samples/s, quality NSAC, batch 64 (uint8 batches scaled on the device)", cells("train_samples_per_s", 0, True)),
+            ("  the same with the encoder in bfloat16 (precision: bfloat16)", cells("train_samples_per_s_bfloat16", 0, True)),
             (f"front-camera training step s, batch {front.batch_size} (target ≤ {FRONT_CAMERA_TARGET_S} s)",
              cells("front_camera_step_s", 3))]
     for b in ("1", "11", "64"):

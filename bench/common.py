@@ -17,6 +17,7 @@ import torch
 
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
+from nsacdrive.controllers.precision import set_encoder_precision
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.data_collection.dataset import network_frames, sequence_timestamps
@@ -40,11 +41,12 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
                   channels_last: bool | None = None) -> Callable[[], None]:
     """One optimiser step of ``config``'s model on a fixed random batch, as a callable: uint8 frames as
     the data pipeline hands them, moved to ``device`` and scaled there, twins made by the recipe's
-    perturbation for ``twin_fraction`` of the batch (default: the recipe's share); ``channels_last``
-    overrides the encoder's frame layout."""
+    perturbation for ``twin_fraction`` of the batch (default: the recipe's share), the encoder in the
+    recipe's precision; ``channels_last`` overrides the encoder's frame layout."""
     torch.manual_seed(0)
     device = torch.device(device)
     model = build_controller(config.model).to(device).train()
+    set_encoder_precision(model, config.precision)
     if channels_last is not None:
         model.encoder.CHANNELS_LAST = channels_last
     optimizer = torch.optim.AdamW(model.parameters(), config.lr)

@@ -8,9 +8,10 @@
   (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
 * NSAC training, before issue 19 against now: samples/s of the demo recipe's model at batch 64
   with perturbed twins for the whole batch and glibc's default heap (before) and with the recipe's
-  twin fraction and freed memory kept (``nsacdrive.common.heap``; now), plus each change alone and
-  twins for an eighth; every variant in its own process (the heap setting is process-wide),
-  variants alternated round by round (issue 19's target: ≥ 2×);
+  twin fraction and freed memory kept (``nsacdrive.common.heap``; now), plus each change alone,
+  the recipe's earlier quarter of twins, and now with the encoder's convolutions in bfloat16
+  (``precision: bfloat16``, fast on CPUs with AMX tiles); every variant in its own process (the heap
+  setting is process-wide), variants alternated round by round (issue 19's target: ≥ 2×);
 * the front-camera step: seconds per batch of 32 of ``configs/front-camera.json``'s model (NVIDIA
   encoder on 66×200 YUV frames, twins for a quarter), the encoder fed channels-last frames (what
   it does) against the default layout, steps alternated, and on one thread against all cores;
@@ -27,6 +28,7 @@ all-cores row. Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -49,6 +51,7 @@ from bench.common import (
     training_step,
 )
 from nsacdrive.common.heap import keep_freed_memory
+from nsacdrive.controllers.precision import cpu_has_amx_tiles
 from nsacdrive.controllers.registry import MODEL_BUILDERS, build_controller
 from nsacdrive.envs.observation import preprocess_observation
 
@@ -67,16 +70,18 @@ def training_speed(model: str, batch: int, repeats: int) -> float:
     return batch / median_time(training_step(model_recipe(model), batch), repeats)
 
 
-#: (twin fraction, keep freed memory; None: the demo recipe's fraction): before issue 19, each change
-#: alone, the recipe now, and the recipe's earlier quarter
-NSAC_VARIANTS = {"before": (1.0, False), "twins": (None, False), "heap": (1.0, True), "now": (None, True), "quarter": (0.25, True)}
+#: (twin fraction, keep freed memory, the encoder's precision; None: the demo recipe's fraction):
+#: before issue 19, each change alone, the recipe now, the recipe's earlier quarter, and now in bfloat16
+NSAC_VARIANTS = {"before": (1.0, False, "float32"), "twins": (None, False, "float32"), "heap": (1.0, True, "float32"),
+                 "now": (None, True, "float32"), "quarter": (0.25, True, "float32"), "bfloat16": (None, True, "bfloat16")}
 
 
-def nsac_step_rate(twin_fraction: float, keep_memory: bool, repeats: int) -> float:
+def nsac_step_rate(twin_fraction: float, keep_memory: bool, precision: str, repeats: int) -> float:
     """Samples/s of the demo recipe's NSAC step at batch 64 (this process: call it in a fresh one)."""
     if keep_memory:
         keep_freed_memory()
-    return 64 / median_time(training_step(recipe(DEMO_CONFIG), 64, twin_fraction=twin_fraction), repeats, warmup=3)
+    config = dataclasses.replace(recipe(DEMO_CONFIG), precision=precision)
+    return 64 / median_time(training_step(config, 64, twin_fraction=twin_fraction), repeats, warmup=3)
 
 
 def nsac_before_and_now(rounds: int, repeats: int) -> dict[str, object]:
@@ -85,15 +90,21 @@ def nsac_before_and_now(rounds: int, repeats: int) -> dict[str, object]:
     recipe_twins = recipe(DEMO_CONFIG).twin_fraction
     rates: dict[str, list[float]] = {name: [] for name in NSAC_VARIANTS}
     for _ in range(rounds):
-        for name, (fraction, keep) in NSAC_VARIANTS.items():
+        for name, (fraction, keep, precision) in NSAC_VARIANTS.items():
             code = (f"from bench.training_speed import nsac_step_rate; import torch; torch.set_num_threads(1); "
-                    f"print(nsac_step_rate({fraction or recipe_twins}, {keep}, {repeats}))")
+                    f"print(nsac_step_rate({fraction or recipe_twins}, {keep}, {precision!r}, {repeats}))")
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
             rates[name].append(float(done.stdout.split()[-1]))
-    speedups = [now / before for now, before in zip(rates["now"], rates["before"], strict=True)]
+
+    def over_before(name: str) -> list[float]:
+        return [rate / before for rate, before in zip(rates[name], rates["before"], strict=True)]
+
+    speedups, bfloat16 = over_before("now"), over_before("bfloat16")
     return {"recipe_twin_fraction": recipe_twins, "variants": {name: list(value) for name, value in NSAC_VARIANTS.items()},
             "samples_per_s": rates, "median_samples_per_s": {name: float(np.median(r)) for name, r in rates.items()},
-            "speedup": float(np.median(speedups)), "speedup_range": [min(speedups), max(speedups)]}
+            "speedup": float(np.median(speedups)), "speedup_range": [min(speedups), max(speedups)],
+            "bfloat16_speedup": float(np.median(bfloat16)), "bfloat16_speedup_range": [min(bfloat16), max(bfloat16)],
+            "amx": cpu_has_amx_tiles()}
 
 
 def front_camera_step(repeats: int, cores: int) -> dict[str, float]:
@@ -191,13 +202,18 @@ def main() -> None:
     nsac = nsac_before_and_now(2 if args.quick else 4, 4 if args.quick else 10)
     names = {"before": "all twins, glibc's default heap (before issue 19)", "twins": f"twins for {nsac['recipe_twin_fraction']:g} (the demo recipe's)",
              "heap": "all twins, freed memory kept", "now": f"twins for {nsac['recipe_twin_fraction']:g}, freed memory kept (now)",
-             "quarter": "twins for 0.25 (the recipe until 2026-12-04), freed memory kept"}
+             "quarter": "twins for 0.25 (the recipe until 2026-12-04), freed memory kept",
+             "bfloat16": f"now, the encoder in bfloat16 (AMX tiles on this CPU: {'yes' if nsac['amx'] else 'no'})"}
     print("\nNSAC training, demo recipe's model, batch 64, one thread (each variant in its own process, rounds alternated)")
     for name, label in names.items():
         print(f"  {label:<58}{nsac['median_samples_per_s'][name]:>8.0f} samples/s")
     low, high = nsac["speedup_range"]
     print(f"  now / before: {nsac['speedup']:.2f}× (rounds {low:.2f}–{high:.2f}×); target ≥ {TRAINING_SPEEDUP_TARGET:.0f}×: "
           f"{'met' if nsac['speedup'] >= TRAINING_SPEEDUP_TARGET else 'not met'}")
+    low, high = nsac["bfloat16_speedup_range"]
+    print(f"  now in bfloat16 / before: {nsac['bfloat16_speedup']:.2f}× (rounds {low:.2f}–{high:.2f}×): "
+          f"{'met' if nsac['bfloat16_speedup'] >= TRAINING_SPEEDUP_TARGET else 'not met'} by the opt-in `precision: bfloat16` "
+          "(the recipes train in float32: README, Training precision)")
     front = front_camera_step(repeats + 2, cores)
     print(f"\nfront-camera training step (configs/front-camera.json, batch {front['batch']}; target ≤ {FRONT_CAMERA_TARGET_S} s): "
           f"{front['channels_last_s']:.2f} s channels-last, {front['default_layout_s']:.2f} s default layout "

@@ -22,6 +22,7 @@ Grad-CAM, which refuses it with a clear error.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +79,9 @@ class PerFrameEncoder(nn.Module):
     #: feed the convolutions channels-last frames (oneDNN's faster layout for wide 5×5 maps: the
     #: NVIDIA stack trains 1.4× faster on one core; ``bench/training_speed.py`` measures it)
     CHANNELS_LAST: bool = False
+    #: the dtype the convolutions and the token projection compute in (None: float32); set for
+    #: training only (:mod:`nsacdrive.controllers.precision`) — the tokens leave as float32 either way
+    autocast_dtype: torch.dtype | None = None
 
     @property
     def last_conv(self) -> nn.Conv2d:
@@ -90,7 +94,12 @@ class PerFrameEncoder(nn.Module):
         images = frames.flatten(0, 1)
         if self.CHANNELS_LAST:
             images = images.contiguous(memory_format=torch.channels_last)
-        return self.to_token(self.features(images)).reshape(batch, length * self.TOKENS_PER_FRAME, -1)
+        with self._precision(images.device.type):
+            tokens = self.to_token(self.features(images))
+        return tokens.float().reshape(batch, length * self.TOKENS_PER_FRAME, -1)
+
+    def _precision(self, device_type: str) -> AbstractContextManager:
+        return nullcontext() if self.autocast_dtype is None else torch.autocast(device_type, dtype=self.autocast_dtype)
 
 
 def frame_convolutions(channels: tuple[int, int, int]) -> nn.Sequential:

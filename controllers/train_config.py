@@ -12,6 +12,7 @@ from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE,
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import PERTURBATIONS
+from nsacdrive.controllers.precision import PRECISIONS
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
 from nsacdrive.data_collection.dataset import SeedSplit, is_udacity_data
 from nsacdrive.envs.colours import validate_preset
@@ -61,6 +62,7 @@ class TrainConfig:
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"
+    precision: str = "float32"  # the encoder's convolutions in training: float32 | bfloat16 (autocast; README: when it pays)
     init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:
@@ -76,6 +78,8 @@ class TrainConfig:
         self._check_presets()
         if self.perturbation not in PERTURBATIONS:
             raise ValueError(f"training config perturbation must be one of {', '.join(PERTURBATIONS)}, got {self.perturbation!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"training config precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         try:
             if self.device != "auto":
                 torch.device(self.device)

@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,7 @@ from nsacdrive.controllers.checkpoint import (
 )
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
+from nsacdrive.controllers.precision import set_encoder_precision, slow_precision
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import pick_device, use_deterministic_kernels
 from nsacdrive.controllers.train_config import TrainConfig
@@ -138,6 +140,10 @@ class Trainer:
         torch.manual_seed(self.config.seed)
         self.model = build_controller(self.config.model).to(self.device)
         cfg = self.config
+        set_encoder_precision(self.model, cfg.precision)
+        reason = slow_precision(cfg.precision, self.device)
+        if reason is not None:
+            warnings.warn(f"precision {cfg.precision}: {reason}, so training will be slower than in float32", stacklevel=2)
         if cfg.init_from is not None:
             self._initialise_from(Path(cfg.init_from))
         dataset_kw = dict(sequence_length=cfg.sequence_length, frame_stride=cfg.frame_stride,

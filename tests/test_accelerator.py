@@ -71,8 +71,9 @@ def test_training_on_cuda_gives_a_run_that_loads_anywhere(run, tmp_path):
 
 
 @cuda
-def test_one_seed_gives_one_set_of_weights_on_cuda(run, tmp_path):
-    config = dataclasses.replace(read_run_config(run), device="cuda", max_batches_per_epoch=4)
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_one_seed_gives_one_set_of_weights_on_cuda(run, tmp_path, precision):
+    config = dataclasses.replace(read_run_config(run), device="cuda", max_batches_per_epoch=4, precision=precision)
     for name in ("first", "second"):
         Trainer(config, tmp_path / name, progress=False).fit()
     first, second = (load_file(tmp_path / name / "model.safetensors") for name in ("first", "second"))

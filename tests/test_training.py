@@ -12,11 +12,13 @@ import torch
 from float_paths import assert_predictions_agree, path_rtol
 from safetensors.torch import load_file
 
+import nsacdrive.controllers.precision as precision
 import nsacdrive.controllers.training as training
 from nsacdrive.common.prefetch import prefetched
 from nsacdrive.controllers.checkpoint import LAST_WEIGHTS, CheckpointError, latest_checkpoint
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.precision import slow_precision
 from nsacdrive.controllers.registry import MODEL_BUILDERS
 from nsacdrive.controllers.run import load_run
 from nsacdrive.controllers.train_config import TrainConfig
@@ -244,6 +246,34 @@ def test_bad_training_configs_raise(dataset, tmp_path):
         tiny_config(dataset, "nsac", twin_fraction=0.0)
     with pytest.raises(ValueError, match="holds no samples"):
         Trainer(tiny_config(dataset, "gmle", val_seeds="7"), tmp_path / "r", progress=False)
+
+
+def test_training_in_bfloat16_is_seeded_differs_from_float32_and_its_run_drives_in_float32(dataset, tmp_path):
+    for name, setting in (("a", "bfloat16"), ("b", "bfloat16"), ("f", "float32")):
+        Trainer(tiny_config(dataset, "nsac", precision=setting), tmp_path / name, progress=False).fit()
+    a, b, f = (load_file(tmp_path / name / "model.safetensors") for name in "abf")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # one seed, one machine: one set of weights
+    assert not all(torch.equal(a[k], f[k]) for k in a)
+    assert all(value.dtype == torch.float32 for value in a.values())
+    controller, config = load_run(tmp_path / "a")
+    assert config.precision == "bfloat16"
+    assert all(getattr(module, "autocast_dtype", None) is None for module in controller.modules())
+
+
+def test_unknown_precision_is_refused(dataset):
+    with pytest.raises(ValueError, match=r"precision must be one of float32, bfloat16, got 'float16'"):
+        tiny_config(dataset, "nsac", precision="float16")
+
+
+def test_bfloat16_warns_where_it_would_be_emulated(dataset, tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    assert slow_precision("float32", cpu) is None
+    monkeypatch.setattr(precision, "cpu_has_amx_tiles", lambda: True)
+    assert slow_precision("bfloat16", cpu) is None
+    monkeypatch.setattr(precision, "cpu_has_amx_tiles", lambda: False)
+    assert "no AMX tiles" in slow_precision("bfloat16", cpu)
+    with pytest.warns(UserWarning, match="precision bfloat16: this CPU has no AMX tiles.*slower than in float32"):
+        Trainer(tiny_config(dataset, "gmle", precision="bfloat16"), tmp_path / "r", progress=False)
 
 
 def test_evaluate_offline_writes_one_table_with_clean_perturbed_and_auroc(dataset, tmp_path):
