@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from nsacdrive.controllers.encoders import PerFrameEncoder
+from nsacdrive.controllers.model_names import PRECISION_NAMES
 
 #: ``TrainConfig.precision`` → the dtype the encoders compute in (None: float32, no autocast)
-PRECISIONS: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
+PRECISIONS: dict[str, torch.dtype | None] = dict(zip(PRECISION_NAMES, (None, torch.bfloat16), strict=True))
 
 
 def set_encoder_precision(model: nn.Module, precision: str) -> None:

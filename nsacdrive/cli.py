@@ -21,7 +21,7 @@ from nsacdrive.common.backends import BACKENDS
 from nsacdrive.common.resume import SettingsChanged
 from nsacdrive.common.shutdown import skip_final_collection
 from nsacdrive.common.workers import start_worker_server
-from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES
+from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES, PRECISION_NAMES
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
 from nsacdrive.envs.car_racing import RENDERERS
 from nsacdrive.envs.colours import list_presets
@@ -47,6 +47,9 @@ Backend = choice("Backend", BACKENDS)
 Inference = choice("Inference", INFERENCE_MODES)
 Split = choice("Split", OFFLINE_SPLITS)
 DensitySource = choice("DensitySource", DENSITY_SOURCES)
+Precision = choice("Precision", PRECISION_NAMES)
+PRECISION_HELP = ("The encoders' convolutions in training (overrides the config file): bfloat16 is faster on CPUs with AMX "
+                  "tiles and on GPUs, slower elsewhere; the run drives in float32 either way (README: Training precision).")
 PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 
@@ -337,6 +340,7 @@ def train(
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Cap on training batches per epoch (a time budget)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seeds initialisation, data order, augmentation, noise."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present) | cpu | cuda."),
+    precision: Optional[Precision] = typer.Option(None, "--precision", help=PRECISION_HELP),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
 ) -> None:
     """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
@@ -345,7 +349,8 @@ def train(
     from nsacdrive.controllers.training import Trainer
 
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
-                                              "seed": seed, "device": device}, model.value if model is not None else None)
+                                              "seed": seed, "device": device, "precision": precision.value if precision else None},
+                               model.value if model is not None else None)
     try:
         train_config = TrainConfig.from_dict(settings)
         trainer = Trainer(train_config, out)
@@ -383,6 +388,7 @@ def sweep(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present on the worker) | cpu | cuda."),
+    precision: Optional[Precision] = typer.Option(None, "--precision", help=PRECISION_HELP),
     workers: int = typer.Option(1, "--workers", min=1, help="Trainings at a time (local processes; with --backend ray, a local cluster's CPUs)."),
     backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); data and --out on a shared filesystem."),
@@ -402,7 +408,8 @@ def sweep(
     if unknown:
         raise typer.BadParameter(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODEL_NAMES)}")
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size,
-                                              "max_batches_per_epoch": max_batches_per_epoch, "device": device}, None)
+                                              "max_batches_per_epoch": max_batches_per_epoch, "device": device,
+                                              "precision": precision.value if precision else None}, None)
     try:
         trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
         typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "

@@ -314,6 +314,7 @@ def _choices():
     """(command, option, values) of every enumerated option, values read from the library."""
     from nsacdrive.agents.ppo import OBS_KINDS
     from nsacdrive.common.backends import BACKENDS
+    from nsacdrive.controllers.precision import PRECISIONS
     from nsacdrive.controllers.registry import MODEL_BUILDERS
     from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
     from nsacdrive.envs.car_racing import RENDERERS
@@ -321,6 +322,8 @@ def _choices():
 
     return [
         (["train"], "--model", tuple(MODEL_BUILDERS)),
+        (["train"], "--precision", tuple(PRECISIONS)),
+        (["sweep"], "--precision", tuple(PRECISIONS)),
         (["collect"], "--renderer", RENDERERS),
         (["collect"], "--env", ENVS),
         (["collect"], "--layout", LAYOUTS),

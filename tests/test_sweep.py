@@ -70,10 +70,11 @@ def test_the_sweep_command_writes_its_summary_and_checks_its_arguments(data, tmp
     config = tmp_path / "config.json"
     config.write_text(json.dumps(tiny(data).to_dict()))
     runner = CliRunner()
-    result = runner.invoke(app, ["sweep", "--config", str(config), "--seeds", "1-2", "--out", str(tmp_path / "sweep")])
+    result = runner.invoke(app, ["sweep", "--config", str(config), "--seeds", "1-2", "--precision", "bfloat16", "--out", str(tmp_path / "sweep")])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [(r["model"], r["seed"]) for r in summary["runs"]] == [("gmle", 1), ("gmle", 2)] and summary["backend"] == "process"
+    assert json.loads((tmp_path / "sweep" / "gmle-s1" / "config.json").read_text())["precision"] == "bfloat16"  # the flag reaches each run
     assert "gmle seed 1: 1 epochs" in result.output
     bad = runner.invoke(app, ["sweep", "--config", str(config), "--models", "gmle,transformer", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "unknown transformer" in normalize(bad.output)
