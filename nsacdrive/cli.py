@@ -7,6 +7,7 @@ argument and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import warnings
@@ -349,8 +350,7 @@ def train(
     from nsacdrive.controllers.training import Trainer
 
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
-                                              "seed": seed, "device": device, "precision": precision.value if precision else None},
-                               model.value if model is not None else None)
+                                              "seed": seed, "device": device, "precision": precision}, model)
     try:
         train_config = TrainConfig.from_dict(settings)
         trainer = Trainer(train_config, out)
@@ -361,17 +361,19 @@ def train(
     typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
 
 
-def _train_settings(config: Path | None, data: Path | None, overrides: dict, model: str | None) -> dict:
-    """TrainConfig fields from a --config file, with the flags given on the command line on top."""
+def _train_settings(config: Path | None, data: Path | None, overrides: dict, model: enum.Enum | None) -> dict:
+    """TrainConfig fields from a --config file, with the flags given on the command line on top
+    (choice flags as their values)."""
     try:
         settings = json.loads(config.read_text()) if config is not None else {}
     except FileNotFoundError:
         raise typer.BadParameter(f"--config: {config} does not exist") from None
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"--config: {config} is not valid JSON ({exc})") from None
-    settings.update({k: v for k, v in {"data": str(data) if data else None, **overrides}.items() if v is not None})
+    given = {k: v for k, v in {"data": str(data) if data else None, **overrides}.items() if v is not None}
+    settings.update({k: v.value if isinstance(v, enum.Enum) else v for k, v in given.items()})
     if model is not None:
-        settings["model"] = {**settings.get("model", {}), "model": model}
+        settings["model"] = {**settings.get("model", {}), "model": model.value}
     if "data" not in settings:
         raise typer.BadParameter("--data: give the dataset folder (or 'data' in --config)")
     return settings
@@ -409,7 +411,7 @@ def sweep(
         raise typer.BadParameter(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODEL_NAMES)}")
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size,
                                               "max_batches_per_epoch": max_batches_per_epoch, "device": device,
-                                              "precision": precision.value if precision else None}, None)
+                                              "precision": precision}, None)
     try:
         trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
         typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "

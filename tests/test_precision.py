@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from float_paths import UNIT_ROUNDOFF, reduction_lengths
 from torch import nn
 
 from nsacdrive.controllers.encoders import ENCODERS, EncoderConfig
 from nsacdrive.controllers.precision import set_encoder_precision
 
 BFLOAT16_ROUNDOFF = 2.0**-8  # unit roundoff of bfloat16's 8-bit significand
-FLOAT32_ROUNDOFF = 2.0**-24
 
 
 def encoder_and_frames(kind: str) -> tuple[nn.Module, torch.Tensor]:
@@ -68,9 +68,9 @@ def test_a_bfloat16_convolution_is_within_bfloat16_rounding_of_float32():
         magnitude = F.conv2d(images.double().abs(), conv.weight.double().abs(), None, conv.stride)
     hook.remove()
     low = captured[0].double()
-    terms = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
+    (terms,) = reduction_lengths(conv)
     u = BFLOAT16_ROUNDOFF
-    bound = ((2 * u + u * u + terms * FLOAT32_ROUNDOFF) * magnitude + u * conv.bias.double().abs()[:, None, None]
+    bound = ((2 * u + u * u + terms * UNIT_ROUNDOFF) * magnitude + u * conv.bias.double().abs()[:, None, None]
              + u / (1 - u) * low.abs())
     assert torch.all((low - exact).abs() <= bound)
     assert (low - exact).abs().max() > 0  # and it did round
