@@ -24,7 +24,8 @@ double-buffered, with its time per env step split into env step, controller, pri
 expert label and the rest; and ``nsacdrive eval`` with 1 and 2 workers against 2 × one env alone
 (issue 19's target, ≥ 70 %), with the share of its time that is start-up (the same evaluation of
 one-step episodes) and the rate beyond it, next to the ceiling a free controller and evaluator would
-leave: B envs alone in lockstep against one env alone. The process's worker fork server is started
+leave: B envs alone in lockstep against one env alone, and the highest share that 2 workers can reach
+on 2 cores with this controller (:func:`one_core_per_worker_bound`). The process's worker fork server is started
 first, as ``nsacdrive eval`` starts its own beside its imports (:mod:`nsacdrive.common.workers`); last,
 the whole ``nsacdrive eval`` command from a fresh process (its imports and its fork server's
 included) on the same episodes.
@@ -97,6 +98,16 @@ class ReEncodingAgent(ControllerAgent):
 
 
 EVALUATOR_TARGET = 0.70  # issue 19: the whole evaluator on 2 workers at ≥ 70 % of 2 × one env's steps/s
+#: the phases every evaluator step must pay beyond the env's own step (the log and cache effects aside)
+UNAVOIDABLE_PHASES = ("controller", "privileged state", "expert label")
+
+
+def one_core_per_worker_bound(env_alone: float, phases: dict[str, float]) -> float:
+    """The largest share of N × one env's steps/s that N workers on N cores can reach when each env
+    step costs one env alone (``env_alone`` steps/s) plus the measured :data:`UNAVOIDABLE_PHASES`
+    (µs per env step, :func:`evaluator_phases`): no core is left to overlap them with stepping."""
+    env_step = 1e6 / env_alone
+    return env_step / (env_step + sum(phases[name] for name in UNAVOIDABLE_PHASES))
 
 
 def ratio_cell(pairs: list[tuple[float, float]]) -> str:
@@ -321,6 +332,10 @@ def main() -> None:
     command_rate = command_steps / command_seconds
     rows.append(("  the whole `nsacdrive eval` command, 2 workers, from a fresh process (its imports included)",
                  f"{command_seconds:.2f} s: {command_rate:.0f} steps/s ({command_rate / (2 * env_alone):.0%} of 2 × one env)"))
+    bound = one_core_per_worker_bound(env_alone, phases)
+    rows.append((f"  bound on 2 cores: one env alone + {', '.join(UNAVOIDABLE_PHASES)} per env step (batch {BATCHES[0]}; "
+                 "log and cache effects free)", f"{bound:.0%}: the target is " + ("within" if bound >= EVALUATOR_TARGET else "out of")
+                 + " reach for this controller"))
     lockstep_alone = float(np.median([alone for _, alone in in_loop[f"{BATCHES[0]} episodes in lockstep, controller inline"]]))
     rows.append((f"  ceiling with a free controller and evaluator: {BATCHES[0]} envs alone in lockstep / one env alone",
                  f"{lockstep_alone / env_alone:.0%}"))
@@ -331,7 +346,8 @@ def main() -> None:
                        "evaluator_microseconds_per_step": {"batch": BATCHES[0], **phases},
                        "lockstep_envs_alone_share_of_one_env": lockstep_alone / env_alone,
                        "eval_throughput": {f"{w} workers, {m}": v for (w, m), v in throughput.items()}, "steps": STEPS,
-                       "env_alone": env_alone, "evaluator_share_of_two_envs": share, "eval_startup_s": startup,
+                       "env_alone": env_alone, "evaluator_share_of_two_envs": share, "evaluator_two_core_bound": bound,
+                       "eval_startup_s": startup,
                        "eval_steps_per_s_beyond_startup": beyond, "eval_command_s": command_seconds,
                        "eval_command_steps_per_s": command_rate})
 

@@ -23,7 +23,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 @dataclass(frozen=True)
 class Target:
-    """One figure of a saved result, ``read`` from its JSON, against ``goal`` (``at_least``: ≥, else ≤)."""
+    """One figure of a saved result, ``read`` from its JSON, against ``goal`` (``at_least``: ≥, else ≤);
+    ``outcomes`` names the figure on the goal's side and off it (a bound says whether a target can be met)."""
 
     label: str
     result: str  # bench/results/<result>.json, written by the script of that name
@@ -31,6 +32,7 @@ class Target:
     goal: float
     at_least: bool
     show: Callable[[float], str]
+    outcomes: tuple[str, str] = ("met", "not met")
 
 
 def share(value: float) -> str:
@@ -46,6 +48,8 @@ TARGETS = (
            lambda r: r["env"]["udacity_style_share_of_render_free"], PIXEL_SHARE_TARGET, True, share),
     Target("2. `nsacdrive eval`, 2 workers / 2 × one env (bench.closed_loop_speed)", "closed_loop_speed",
            lambda r: r["evaluator_share_of_two_envs"], EVALUATOR_TARGET, True, share),
+    Target("   its bound on 2 cores: env alone + controller, state, expert label per step", "closed_loop_speed",
+           lambda r: r["evaluator_two_core_bound"], EVALUATOR_TARGET, True, share, ("within reach", "out of reach")),
     Target("3. NSAC training samples/s, now / before (bench.training_speed)", "training_speed",
            lambda r: r["nsac_before_and_now"]["speedup"], TRAINING_SPEEDUP_TARGET, True, lambda v: f"{v:.2f}×"),
     Target("   the same, opt-in `precision: bfloat16` (recipes stay float32; README)", "training_speed",
@@ -67,7 +71,7 @@ def saved(result: str) -> tuple[dict | None, str]:
 
 
 def verdict(target: Target) -> tuple[str, str]:
-    """(the figure, "met" / "not met" / why there is none) for one target."""
+    """(the figure, its outcome — "met" / "not met" by default — or why there is none) for one target."""
     result, name = saved(target.result)
     if result is None:
         return "—", f"not measured: run python -m bench.{target.result.replace('-', '_')}"
@@ -76,7 +80,7 @@ def verdict(target: Target) -> tuple[str, str]:
     except (KeyError, IndexError, TypeError):
         return "—", f"not in bench/results/{name}: run its script again"
     met = value >= target.goal if target.at_least else value <= target.goal
-    return target.show(value) + (" (--quick)" if name.endswith("-quick.json") else ""), "met" if met else "not met"
+    return target.show(value) + (" (--quick)" if name.endswith("-quick.json") else ""), target.outcomes[0 if met else 1]
 
 
 def accelerator_row() -> tuple[str, str]:

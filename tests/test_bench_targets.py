@@ -7,6 +7,7 @@ import json
 import pytest
 
 import bench.targets as targets
+from bench.closed_loop_speed import one_core_per_worker_bound
 from bench.common import paired_rates
 
 
@@ -37,6 +38,23 @@ def test_the_quick_run_is_used_and_marked_when_the_full_one_is_missing(results):
     (results / "training_speed.json").write_text(json.dumps({"nsac_before_and_now": {"speedup": 2.1}}))
     assert targets.verdict(by_label("3. NSAC")) == ("2.10×", "met")  # the full run wins
     assert targets.verdict(by_label("front-camera training")) == ("—", "not in bench/results/training_speed.json: run its script again")
+
+
+def test_the_evaluator_bound_says_whether_its_target_is_within_reach(results):
+    (results / "closed_loop_speed.json").write_text(json.dumps({"evaluator_share_of_two_envs": 0.22, "evaluator_two_core_bound": 0.28}))
+    assert targets.verdict(by_label("2. `nsacdrive eval`")) == ("22%", "not met")
+    assert targets.verdict(by_label("its bound on 2 cores")) == ("28%", "out of reach")
+    (results / "closed_loop_speed.json").write_text(json.dumps({"evaluator_share_of_two_envs": 0.5, "evaluator_two_core_bound": 0.75}))
+    assert targets.verdict(by_label("its bound on 2 cores")) == ("75%", "within reach")
+
+
+def test_the_one_core_per_worker_bound_adds_each_steps_unavoidable_phases_to_the_env_alone():
+    """4,000 steps/s alone is 250 µs a step; 500 + 100 + 150 µs more per step leave it a quarter of the
+    rate. The rest of the loop (log, caches) is not in the bound."""
+    phases = {"env step and frame": 900.0, "controller": 500.0, "privileged state": 100.0, "expert label": 150.0, "rest": 80.0}
+    assert one_core_per_worker_bound(4000.0, phases) == pytest.approx(0.25, rel=1e-12)
+    assert one_core_per_worker_bound(4000.0, {**phases, "rest": 10_000.0}) == pytest.approx(0.25, rel=1e-12)
+    assert one_core_per_worker_bound(4000.0, {**phases, "controller": 0.0}) == pytest.approx(0.5, rel=1e-12)
 
 
 def test_a_script_that_never_ran_is_named(results):
