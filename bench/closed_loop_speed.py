@@ -37,15 +37,13 @@ import json
 import subprocess
 import tempfile
 import time
-from collections import Counter, deque
-from contextlib import ExitStack
+from collections import deque
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 
-from bench.common import NSACDRIVE, print_table, recipe, replay_rate
+from bench.common import NSACDRIVE, print_table, recipe, replay_rate, timed_calls
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.cli import WORKER_TASKS_MODULE
@@ -234,21 +232,8 @@ def evaluator_phases(run: Path, batch: int) -> dict[str, float]:
     """Microseconds per env step of each of :data:`PHASES` in the whole evaluator, inline, on one
     lockstep group of ``batch`` episodes, and of the rest: where the loop's time goes beyond stepping
     and predicting (issue 19). Each phase is wrapped by a timer for this run only."""
-    spent: Counter[str] = Counter()
-
-    def timed(name: str, function):
-        def run_timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[name] += time.perf_counter() - start
-        return run_timed
-
     keys = [EpisodeKey(str(run), "default", 42 + k, 0) for k in range(batch)]
-    with ExitStack() as stack:
-        for name, owner, attribute in PHASES:
-            stack.enter_context(mock.patch.object(owner, attribute, timed(name, getattr(owner, attribute))))
+    with timed_calls(PHASES) as spent:
         start = time.perf_counter()
         steps = sum(record.steps for record, _ in run_episodes(keys, DriveConfig(max_steps=STEPS)))
         total = time.perf_counter() - start

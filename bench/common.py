@@ -7,9 +7,12 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import psutil
@@ -105,6 +108,27 @@ def paired_median_ratio(baseline: Callable[[], object], candidate: Callable[[], 
         baseline(), candidate()
     base, cand = alternate(elapsed(baseline), elapsed(candidate), repeats)
     return statistics.median(base), statistics.median(cand), statistics.median(c / b for b, c in zip(base, cand, strict=True))
+
+
+@contextmanager
+def timed_calls(phases: Sequence[tuple[str, object, str]]) -> Iterator[Counter[str]]:
+    """Seconds spent in each ``(name, owner, attribute)`` function or method while the block runs:
+    each is wrapped by a timer for this block only (a call nested in another phase counts in both)."""
+    spent: Counter[str] = Counter()
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def run_timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return run_timed
+
+    with ExitStack() as stack:
+        for name, owner, attribute in phases:
+            stack.enter_context(mock.patch.object(owner, attribute, timed(name, getattr(owner, attribute))))
+        yield spent
 
 
 def replay_rate(actions: list[np.ndarray], seed: int, make_env: Callable[..., Any] | None = None, **env_kwargs: Any) -> float:
