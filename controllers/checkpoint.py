@@ -8,7 +8,8 @@ Layout of a run folder::
     checksums.json         sha256 of model.safetensors, checked whenever it is loaded
     history.json           per-epoch losses, learning rate, timing
     resume/epoch-NNNN/     the checkpoint after epoch NNNN: last.safetensors, best.safetensors,
-                           state.pt (optimiser, scheduler, counters) and their checksums.json
+                           state.json + state.safetensors (optimiser, scheduler, counters; no pickle,
+                           :mod:`nsacdrive.controllers.state_codec`) and their checksums.json
     tensorboard/           TensorBoard event files
 
 Every file is written atomically, and a checkpoint is ONE unit: its folder is written under a
@@ -40,7 +41,10 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CHECKSUMS_FILE = "checksums.json"
 RESUME_DIR = "resume"
-LAST_WEIGHTS, BEST_WEIGHTS, TRAINER_STATE = "last.safetensors", "best.safetensors", "state.pt"
+LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
+STATE_SKELETON, STATE_TENSORS = "state.json", "state.safetensors"
+#: the pickled trainer state of older releases: never read (unpickling a folder from someone else runs their code)
+PICKLED_STATE = "state.pt"
 _EPOCH_FOLDER = re.compile(r"epoch-(\d{4,})")
 
 
@@ -200,7 +204,7 @@ class Checkpoint:
 
     folder: Path
 
-    FILES = (LAST_WEIGHTS, BEST_WEIGHTS, TRAINER_STATE)
+    FILES = (LAST_WEIGHTS, BEST_WEIGHTS, STATE_SKELETON, STATE_TENSORS)
 
     @property
     def epoch(self) -> int:
@@ -218,7 +222,13 @@ class Checkpoint:
         return _read_recorded(self.path(name), required=True)
 
     def read_all(self) -> dict[str, bytes]:
-        """Every file of :attr:`FILES`, each read and checked once (see :meth:`read`)."""
+        """Every file of :attr:`FILES`, each read and checked once (see :meth:`read`). A checkpoint of
+        an older release, whose trainer state is a pickle, is refused before anything is read."""
+        if self.path(PICKLED_STATE).exists() and not self.path(STATE_SKELETON).exists():
+            raise CheckpointError(f"{self.path(PICKLED_STATE)}: a trainer state saved as a pickle by an older nsacdrive; "
+                                  "unpickling can run code from whoever made the folder, so it is never read. Its trained "
+                                  f"weights are usable as they are ({WEIGHTS_FILE}); to train on, start a new run with "
+                                  "init_from set to this run folder")
         return {name: self.read(name) for name in self.FILES}
 
 

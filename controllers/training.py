@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import itertools
 import json
 import math
@@ -56,7 +55,8 @@ from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
     LAST_WEIGHTS,
     RESUME_DIR,
-    TRAINER_STATE,
+    STATE_SKELETON,
+    STATE_TENSORS,
     WEIGHTS_FILE,
     Checkpoint,
     CheckpointError,
@@ -74,6 +74,7 @@ from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision, slow_precision
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.run import pick_device, use_deterministic_kernels
+from nsacdrive.controllers.state_codec import decode_state, encode_state
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import augment_sequence
 from nsacdrive.data_collection.dataset import (
@@ -98,6 +99,19 @@ def resolve_split(config: TrainConfig) -> TrainConfig:
     n_held = max(1, round(0.1 * len(seeds)))
     test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
     return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
+
+
+def differing_fields(there: dict, now: dict, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(``field`` or ``field.subfield``, value there, value now) for every setting that differs
+    between two config dicts, compared as JSON stores them (tuples as lists)."""
+    changed = []
+    for name in sorted(set(there) | set(now)):
+        old, new = json.loads(json.dumps(there.get(name))), json.loads(json.dumps(now.get(name)))
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed.extend(differing_fields(old, new, f"{prefix}{name}."))
+        elif old != new:
+            changed.append((f"{prefix}{name}", json.dumps(old), json.dumps(new)))
+    return changed
 
 
 class TrainingDiverged(ValueError):
@@ -199,11 +213,11 @@ class Trainer:
         last = weights_bytes(self.model)
         previous = latest_checkpoint(self.run_dir)
         best = weights_bytes(self.published_model) if improved or previous is None else previous.read(BEST_WEIGHTS)
-        state = io.BytesIO()
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "train_state": dataclasses.asdict(self.state),
-                    "average": None if self.average is None else self.average.state_dict()}, state)
-        checkpoint = write_checkpoint(self.run_dir, self.state.epoch, {LAST_WEIGHTS: last, BEST_WEIGHTS: best, TRAINER_STATE: state.getvalue()})
+        skeleton, tensors = encode_state({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                                          "train_state": dataclasses.asdict(self.state),
+                                          "average": None if self.average is None else self.average.state_dict()})
+        checkpoint = write_checkpoint(self.run_dir, self.state.epoch, {LAST_WEIGHTS: last, BEST_WEIGHTS: best,
+                                                                       STATE_SKELETON: skeleton, STATE_TENSORS: tensors})
         self._publish(checkpoint)
 
     def _publish(self, checkpoint: Checkpoint) -> None:
@@ -212,23 +226,29 @@ class Trainer:
 
     def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Continue from ``checkpoint`` (verified first); the config must be the run's config.json."""
-        saved = self.config.to_dict()
         # through the dataclass, so fields added since the run was written compare at their defaults
         on_disk = TrainConfig.from_dict(read_config(self.run_dir)).to_dict()
-        if json.loads(json.dumps(on_disk)) != json.loads(json.dumps(saved)):
-            raise CheckpointError(f"{self.run_dir}: --resume with a different configuration than the run's config.json")
+        changed = differing_fields(on_disk, self.config.to_dict())
+        if changed:
+            raise CheckpointError(f"{self.run_dir}: --resume with another configuration than the run's config.json: "
+                                  + "; ".join(f"{name} {there} there, {now} now" for name, there, now in changed[:8])
+                                  + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
+                                  + " (resume with the run's settings, or train into another --out)")
         check_versions(self.run_dir)
         files = checkpoint.read_all()  # each file read and its sha256 checked once, all before any is used
         load_weights_bytes(self.model, files[LAST_WEIGHTS], checkpoint.path(LAST_WEIGHTS))
-        blob = torch.load(io.BytesIO(files[TRAINER_STATE]), weights_only=False)
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.scheduler.load_state_dict(blob["scheduler"])
-        if self.average is not None:
-            self.average.load_state_dict(blob["average"])
-        self.state = TrainState(**blob["train_state"])
+        where = f"{checkpoint.path(STATE_SKELETON)} + {STATE_TENSORS}"
+        blob = decode_state(files[STATE_SKELETON], files[STATE_TENSORS], where)
+        try:
+            self.optimizer.load_state_dict(blob["optimizer"])
+            self.scheduler.load_state_dict(blob["scheduler"])
+            if self.average is not None:
+                self.average.load_state_dict(blob["average"])
+            self.state = TrainState(**blob["train_state"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{where}: not the trainer state of this run's configuration ({type(exc).__name__}: {exc})") from None
         if self.state.epoch != checkpoint.epoch:
-            raise CheckpointError(f"{checkpoint.path(TRAINER_STATE)}: holds the state after epoch {self.state.epoch}, "
-                                  f"but its folder is {checkpoint.folder.name}")
+            raise CheckpointError(f"{where}: holds the state after epoch {self.state.epoch}, but its folder is {checkpoint.folder.name}")
         self._publish(checkpoint)  # repairs a kill between the checkpoint's commit and its publication
 
     def _start(self) -> None:

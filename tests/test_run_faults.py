@@ -179,7 +179,7 @@ def resume_after_kill(tiny_data, run: Path, monkeypatch, condition) -> None:
     Trainer(config, run, progress=False).fit(resume=True)
 
 
-@pytest.mark.parametrize(("epoch", "file"), [(1, "last.safetensors"), (1, "state.pt"), (2, "best.safetensors"), (3, "state.pt")])
+@pytest.mark.parametrize(("epoch", "file"), [(1, "last.safetensors"), (1, "state.json"), (2, "best.safetensors"), (3, "state.safetensors")])
 def test_a_kill_while_a_checkpoint_is_written_resumes_from_the_last_complete_one(tiny_data, tmp_path, monkeypatch, straight, epoch, file):
     run = tmp_path / "run"
     resume_after_kill(tiny_data, run, monkeypatch, lambda p: p.name == file and p.parent.name.startswith(f".epoch-{epoch:04d}."))
@@ -215,11 +215,11 @@ def test_a_corrupt_checkpoint_file_is_named_on_resume(tiny_data, tmp_path):
     run = tmp_path / "run"
     config = tiny_config(tiny_data, epochs=1)
     Trainer(config, run, progress=False).fit()
-    state = run / "resume" / "epoch-0001" / "state.pt"
+    state = run / "resume" / "epoch-0001" / "state.safetensors"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01
     state.write_bytes(bytes(data))
-    with pytest.raises(checkpoint.CheckpointError, match=r"epoch-0001/state\.pt: sha256 .* differs"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"epoch-0001/state\.safetensors: sha256 .* differs"):
         Trainer(config, run, progress=False).fit(resume=True)
 
 
@@ -278,11 +278,11 @@ def test_resume_reads_and_hashes_each_file_once(tiny_data, tmp_path, hashed):
     run = tmp_path / "run"
     config = tiny_config(tiny_data, epochs=1)
     Trainer(config, run, progress=False).fit()
-    files = [*checkpoint.latest_checkpoint(run).folder.glob("*.*[!n]"), run / "model.safetensors"]  # all but checksums.json
+    files = [*(p for p in checkpoint.latest_checkpoint(run).folder.iterdir() if p.name != "checksums.json"), run / "model.safetensors"]
     trainer = Trainer(config, run, progress=False)
     hashed.clear()
     trainer.fit(resume=True)  # nothing left to train: verifies, loads and republishes
-    assert sorted(hashed) == sorted(path.stat().st_size for path in files) and len(files) == 4
+    assert sorted(hashed) == sorted(path.stat().st_size for path in files) and len(files) == 5
 
 
 @pytest.mark.parametrize("improved", [True, False])

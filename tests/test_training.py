@@ -161,8 +161,10 @@ def test_refuses_to_overwrite_a_run_and_resume_needs_the_same_config(dataset, tm
     Trainer(config, tmp_path / "run", progress=False).fit()
     with pytest.raises(FileExistsError, match="--resume"):
         Trainer(config, tmp_path / "run", progress=False).fit()
-    with pytest.raises(CheckpointError, match="different configuration"):
-        Trainer(dataclasses.replace(config, lr=0.5), tmp_path / "run", progress=False).fit(resume=True)
+    with pytest.raises(CheckpointError, match=r"another configuration than the run's config.json: lr 0.001 there, 0.5 now; "
+                                              r"model.d_model 16 there, 32 now \(resume with the run's settings"):
+        Trainer(dataclasses.replace(config, lr=0.5, model=dataclasses.replace(config.model, d_model=32)),
+                tmp_path / "run", progress=False).fit(resume=True)
 
 
 def test_checkpoint_errors_name_the_file(dataset, tmp_path):
