@@ -32,13 +32,26 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tmp_name)
     _default_permissions(tmp, 0o666)  # mkstemp creates 0600
     try:
-        yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        with _naming(target):
+            yield tmp
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """Give an OSError that names no file (a write or fsync on a full disk: ``[Errno 28] No space
+    left on device``) the file being written, so the message says where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
 
 
 @contextmanager

@@ -128,18 +128,18 @@ def _required_sha256(path: Path) -> str:
     """The sha256 recorded for ``path``; CheckpointError naming ``checksums.json`` when there is none."""
     expected = _recorded_sha256(path)
     if expected is None:
-        raise CheckpointError(f"{path}: no sha256 recorded in {Path(path).parent / CHECKSUMS_FILE}")
+        raise CheckpointError(f"{path}: no sha256 recorded in {Path(path).parent / CHECKSUMS_FILE}, so a damaged or altered "
+                              "file cannot be told from the one training wrote; every run folder `nsacdrive train` writes records it")
     return expected
 
 
-def _read_recorded(path: Path, required: bool = False) -> bytes:
-    """The bytes of ``path``, read once and checked against the sha256 recorded beside it; a mismatch
-    raises CheckpointError naming ``path``. A file with no record passes (folders written before
-    checksums were recorded) unless ``required``."""
+def _read_recorded(path: Path) -> bytes:
+    """The bytes of ``path``, read once and checked against the sha256 recorded beside it; no record
+    or a mismatch raises CheckpointError naming ``path``."""
     path = Path(path)
-    expected = _required_sha256(path) if required else _recorded_sha256(path)
+    expected = _required_sha256(path)
     data = path.read_bytes()
-    if expected is not None and (digest := _sha256(data)) != expected:
+    if (digest := _sha256(data)) != expected:
         raise CheckpointError(f"{path}: sha256 {digest[:12]}… differs from {expected[:12]}… recorded in {CHECKSUMS_FILE}; "
                               "the file is corrupt or was changed after it was saved (a training run killed while saving "
                               "is repaired by `train --resume`)")
@@ -147,8 +147,8 @@ def _read_recorded(path: Path, required: bool = False) -> bytes:
 
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights strictly after checking their recorded sha256; a corrupt file or a
-    mismatch with the architecture raises CheckpointError."""
+    """Load safetensors weights strictly after checking their recorded sha256; a missing record, a
+    corrupt file or a mismatch with the architecture raises CheckpointError."""
     if not path.exists():
         raise CheckpointError(f"{path}: weights file is missing")
     try:
@@ -219,7 +219,7 @@ class Checkpoint:
         or corrupt file raises CheckpointError naming it."""
         if not self.path(name).exists():
             raise CheckpointError(f"{self.path(name)}: checkpoint file is missing")
-        return _read_recorded(self.path(name), required=True)
+        return _read_recorded(self.path(name))
 
     def read_all(self) -> dict[str, bytes]:
         """Every file of :attr:`FILES`, each read and checked once (see :meth:`read`). A checkpoint of

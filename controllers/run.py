@@ -22,6 +22,29 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def usable_device(name: str, option: str = "--device") -> torch.device:
+    """The device ``name`` picks (:func:`pick_device`), checked to exist on this machine, so a job
+    that cannot use it fails before any work instead of in every episode or at the first batch.
+
+    :raises ValueError: naming ``option``, the device and what this machine has instead
+    """
+    try:
+        device = pick_device(name)
+    except RuntimeError:
+        raise ValueError(f"{option}: {name!r} is not a device; expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}, but no GPU answers"
+            raise ValueError(f"{option} {name}: CUDA is not available on this machine (torch {torch.__version__}, {build}); "
+                             "use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{option} {name}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0 to "
+                             f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        raise ValueError(f"{option} {name}: expected auto, cpu, cuda or cuda:N")
+    return device
+
+
 def use_deterministic_kernels(device: torch.device) -> None:
     """On CUDA, pick deterministic cuDNN and CUDA kernels (process-wide), so one seed gives one set of
     weights on one GPU and ``--resume`` continues exactly, as on the CPU; an op with no deterministic

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
+from nsacdrive.common.config_checks import COUNT, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import PERTURBATIONS
@@ -20,7 +20,7 @@ from nsacdrive.envs.colours import validate_preset
 #: the numbers TrainConfig's numeric fields may take (their types come from the annotations)
 RANGES = {
     **dict.fromkeys(("sequence_length", "frame_stride", "batch_size", "epochs", "max_batches_per_epoch", "min_batches_per_epoch",
-                     "max_val_batches", "early_stopping_patience", "cache_episodes"), AT_LEAST_ONE),
+                     "max_val_batches", "early_stopping_patience", "cache_episodes"), COUNT),
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
     "twin_fraction": Range(0, 1, low_open=True),
     **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),

@@ -33,6 +33,7 @@ import functools
 import itertools
 import json
 import math
+import shutil
 import time
 import warnings
 from contextlib import nullcontext
@@ -44,15 +45,16 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from nsacdrive.common.atomic import atomic_write_json
+from nsacdrive.common.atomic import atomic_write_json, remove_partial_files
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.prefetch import prefetched
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
-from nsacdrive.common.versions import check_versions, write_versions
+from nsacdrive.common.versions import VERSIONS_FILE, check_versions, write_versions
 from nsacdrive.controllers.augment import colour_augment, colour_augment_yuv
 from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
+    CONFIG_FILE,
     LAST_WEIGHTS,
     RESUME_DIR,
     STATE_SKELETON,
@@ -73,7 +75,7 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision, slow_precision
 from nsacdrive.controllers.registry import build_controller
-from nsacdrive.controllers.run import pick_device, use_deterministic_kernels
+from nsacdrive.controllers.run import usable_device, use_deterministic_kernels
 from nsacdrive.controllers.state_codec import decode_state, encode_state
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import augment_sequence
@@ -145,7 +147,7 @@ class Trainer:
         self.config = resolve_split(config)
         self.run_dir = Path(run_dir)
         self.progress = progress
-        self.device = pick_device(self.config.device)
+        self.device = usable_device(self.config.device, "training config device")
         # on a GPU the next batch is gathered (decoded, augmented) on the CPU while the GPU trains on
         # this one; on the CPU the two would share the same cores (no gain measured on two)
         self.prefetch = self.device.type == "cuda"
@@ -354,7 +356,7 @@ class Trainer:
         return total / count
 
     def fit(self, resume: bool = False) -> TrainState:
-        cfg = self.config
+        """Train into ``run_dir`` (continuing its latest checkpoint with ``resume``); returns the final state."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = latest_checkpoint(self.run_dir)
         if not resume and (checkpoint is not None or (self.run_dir / WEIGHTS_FILE).exists()):
@@ -363,6 +365,25 @@ class Trainer:
             self.load_checkpoint(checkpoint)
         else:  # --resume on a run that never finished an epoch simply starts it
             self._start()
+        remove_partial_files(self.run_dir)  # what a killed write left (one writer per run folder: the CLI holds its lock)
+        try:
+            return self._train_epochs()
+        except Exception:
+            if latest_checkpoint(self.run_dir) is None:
+                self._abandon_start()
+            raise
+
+    def _abandon_start(self) -> None:
+        """Remove what :meth:`_start` wrote for a run that failed before its first checkpoint, so no
+        half-made run folder stays (a kill keeps it: ``--resume`` starts it again)."""
+        for name in (CONFIG_FILE, VERSIONS_FILE, "history.json"):
+            (self.run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / "tensorboard", ignore_errors=True)
+        shutil.rmtree(self.run_dir / RESUME_DIR, ignore_errors=True)
+
+    def _train_epochs(self) -> TrainState:
+        """Epochs until ``epochs`` or early stopping, a checkpoint after each."""
+        cfg = self.config
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.epoch)

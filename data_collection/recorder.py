@@ -153,6 +153,10 @@ def write_index(out: Path, layout: str) -> None:
         write_manifest(out)
 
 
+#: the largest action-noise std: actions live in [-1, 1], so more is noise, not a demonstration
+MAX_NOISE = 2.0
+
+
 @dataclass(frozen=True)
 class NoiseConfig:
     """Gaussian action noise on the EXECUTED action (the expert's label is recorded untouched).
@@ -165,8 +169,11 @@ class NoiseConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.sigma < 0:
-            raise ValueError(f"--noise must be >= 0, got {self.sigma}")
+        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not 0 <= self.sigma <= MAX_NOISE:
+            raise ValueError(f"--noise must be a number in [0, {MAX_NOISE}] (the std of the noise on actions in [-1, 1]), "
+                             f"got {self.sigma}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"--noise-seed must be an integer in [0, 2**63), got {self.seed}")
 
 
 @dataclass(frozen=True)

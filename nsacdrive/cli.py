@@ -6,11 +6,13 @@ argument and what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -136,6 +138,31 @@ def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
     raise typer.Exit(2)
 
 
+@contextlib.contextmanager
+def _writing(out: Path, command: str) -> Iterator[None]:
+    """Hold ``out``'s lock (:mod:`nsacdrive.common.folder_lock`) while ``nsacdrive COMMAND`` writes
+    there; another job holding it ends this one with exit 2 and one line naming that job."""
+    from nsacdrive.common.folder_lock import FolderBusy, folder_lock
+
+    try:
+        with folder_lock(out, f"nsacdrive {command}"):
+            yield
+    except FolderBusy as exc:  # only the lock raises it
+        typer.secho(f"error: --out: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_device(device: str) -> None:
+    """Exit 2 with one line when this machine cannot use ``--device`` (before any work is done)."""
+    from nsacdrive.controllers.run import usable_device
+
+    try:
+        usable_device(device)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 def _load_runs(runs: list[Path], raw: bool = False, announce: bool = True) -> dict[Path, tuple[Any, Any]]:
     """Load every run (config and weights, checked against the architecture) before any driving or
     computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
@@ -198,7 +225,8 @@ def collect(
                                noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
                                renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers,
                                side_offset=side_offset, camera_fov=camera_fov)
-        summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
+        with _writing(out, "collect"):
+            summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
     except SettingsChanged as exc:
         _refuse_changed_settings(exc)
     except (ValueError, FileExistsError) as exc:
@@ -265,7 +293,7 @@ def expert_evaluate(
 
 @expert_app.command("train")
 def expert_train(
-    out: Path = typer.Option(..., "--out", help="Model folder: model.zip, vecnormalize.pkl, config.json, tensorboard/, best/."),
+    out: Path = typer.Option(..., "--out", help="Model folder: policy.safetensors + policy.json (what driving reads), model.zip + vecnormalize.pkl (pickles, read only by --resume), config.json, tensorboard/, best/."),
     obs: ObsKind = typer.Option("state", "--obs", help="state (privileged vector, render-free physics) or pixels (rl-zoo recipe; hours of CPU)."),
     timesteps: Optional[int] = typer.Option(None, "--timesteps", min=1, help="Env steps to train (with --resume: steps to add). Default 1M (state) / 4M (pixels)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --out/model.zip and its VecNormalize statistics."),
@@ -290,8 +318,25 @@ def expert_train(
     except (ValueError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"trained {model.num_timesteps} steps → {out / 'model.zip'} (+ vecnormalize.pkl); "
-               f"evaluate with: nsacdrive expert evaluate --agent ppo:{out}")
+    typer.echo(f"trained {model.num_timesteps} steps → {out} (policy.safetensors + policy.json drive it, "
+               f"model.zip + vecnormalize.pkl resume it); evaluate with: nsacdrive expert evaluate --agent ppo:{out}")
+
+
+@expert_app.command("export")
+def expert_export(
+    folder: Path = typer.Argument(..., metavar="DIR", help="A PPO folder trained by `nsacdrive expert train` that you made yourself."),
+) -> None:
+    """Write policy.safetensors + policy.json, all that --agent ppo:DIR reads, from DIR's model.zip and
+    vecnormalize.pkl (folders trained before driving read them; run it on DIR/best too). Those two
+    files are pickles, which can execute code when loaded: export only folders you made yourself."""
+    from nsacdrive.agents.ppo import export_policy
+
+    try:
+        written = export_policy(folder)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"exported → {written} (+ policy.safetensors); drive with --agent ppo:{folder}")
 
 
 @app.command("drive")
@@ -351,10 +396,12 @@ def train(
 
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
                                               "seed": seed, "device": device, "precision": precision}, model)
+    _check_device(device)
     try:
         train_config = TrainConfig.from_dict(settings)
         trainer = Trainer(train_config, out)
-        state = trainer.fit(resume=resume)
+        with _writing(out, "train"):
+            state = trainer.fit(resume=resume)
     except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -368,8 +415,11 @@ def _train_settings(config: Path | None, data: Path | None, overrides: dict, mod
         settings = json.loads(config.read_text()) if config is not None else {}
     except FileNotFoundError:
         raise typer.BadParameter(f"--config: {config} does not exist") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise typer.BadParameter(f"--config: {config} is not valid JSON ({exc})") from None
+    if not isinstance(settings, dict):
+        raise typer.BadParameter(f"--config: {config} must hold a JSON object of training config fields "
+                                 f"(configs/demo.json is one), got a {type(settings).__name__}")
     given = {k: v for k, v in {"data": str(data) if data else None, **overrides}.items() if v is not None}
     settings.update({k: v.value if isinstance(v, enum.Enum) else v for k, v in given.items()})
     if model is not None:
@@ -412,19 +462,22 @@ def sweep(
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size,
                                               "max_batches_per_epoch": max_batches_per_epoch, "device": device,
                                               "precision": precision}, None)
-    try:
-        trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
-        typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
-                   f"on {backend.value}, {workers} at a time → {out}")
-        results = []
-        for result in train_sweep(trainings, workers, backend.value, address):
-            results.append(dataclasses.asdict(result))
-            typer.echo(f"  {result.model} seed {result.seed}: {result.epochs} epochs, best validation loss {result.best_val:.4f} → {result.out}")
-    except (ValueError, ImportError) as exc:  # configs, datasets and checkpoints raise ValueErrors
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    atomic_write_json(out / "sweep.json", {"backend": backend.value, "address": address,
-                                           "runs": sorted(results, key=lambda r: (r["model"], r["seed"]))})
+    if address is None:  # a cluster's workers may have devices this machine lacks
+        _check_device(device)
+    with _writing(out, "sweep"):
+        try:
+            trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
+            typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
+                       f"on {backend.value}, {workers} at a time → {out}")
+            results = []
+            for result in train_sweep(trainings, workers, backend.value, address):
+                results.append(dataclasses.asdict(result))
+                typer.echo(f"  {result.model} seed {result.seed}: {result.epochs} epochs, best validation loss {result.best_val:.4f} → {result.out}")
+        except (ValueError, ImportError) as exc:  # configs, datasets and checkpoints raise ValueErrors
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        atomic_write_json(out / "sweep.json", {"backend": backend.value, "address": address,
+                                               "runs": sorted(results, key=lambda r: (r["model"], r["seed"]))})
     typer.echo(f"summary → {out / 'sweep.json'}")
 
 
@@ -588,6 +641,8 @@ def closed_loop_eval(
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
+    if address is None:  # a cluster's workers may have devices this machine lacks
+        _check_device(device)
     _load_runs(runs, raw=raw)  # the workers load their own copies (other processes, or one per lockstep group)
     try:
         monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
@@ -600,7 +655,8 @@ def closed_loop_eval(
         config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                             corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                             backend=backend.value, address=address, inference=inference.value)
-        rows = evaluate_closed_loop(config, out, resume=resume)
+        with _writing(out, "eval"):
+            rows = evaluate_closed_loop(config, out, resume=resume)
     except SettingsChanged as exc:
         _refuse_changed_settings(exc)
     except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
@@ -744,7 +800,8 @@ def dagger(
                               max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,
                               eval_colour_presets=tuple(_presets(eval_colour_preset)),
                               eval_max_steps=eval_max_steps if eval_max_steps is not None else max_steps)
-        report = Dagger(config, out).run()
+        with _writing(out, "dagger"):
+            report = Dagger(config, out).run()
     except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

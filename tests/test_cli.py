@@ -87,7 +87,11 @@ def test_collect_bad_colour_preset(tmp_path, preset):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--noise", "-0.5"], "--noise must be >= 0, got -0.5"),
+        (["--noise", "-0.5"], "--noise must be a number in [0, 2.0] (the std of the noise on actions in [-1, 1]), got -0.5"),
+        (["--noise", "inf"], "--noise must be a number in [0, 2.0] (the std of the noise on actions in [-1, 1]), got inf"),
+        (["--noise", "nan"], "--noise must be a number in [0, 2.0] (the std of the noise on actions in [-1, 1]), got nan"),
+        (["--noise-seed", "-1"], "--noise-seed must be an integer in [0, 2**63), got -1"),
+        (["--seeds", "0-999999999999"], "--seeds: seed 999999999999 in '0-999999999999' is above the largest seed, 4294967295"),
         (["--agent", "pilot"], "--agent: unknown agent 'pilot'"),
         (["--workers", "0"], "--workers"),
         (["--max-steps", "0"], "--max-steps"),
@@ -570,3 +574,67 @@ def test_the_servers_module_holds_the_closed_loop_and_dagger_workers_tasks():
     code = (f"import sys, {WORKER_TASKS_MODULE}; "
             f"print(*(name in sys.modules for name in ({_groups_worker.__module__!r}, {record_episode.__module__!r}, 'torch')))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["True"] * 3
+
+
+# --------------------------------------------------------------------------- bad input: one line, exit 2, nothing half-made
+
+
+needs_no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("command", [["train", "--data", "DATA", "--epochs", "1"], ["eval", "RUN", "--seeds", "1000"]])
+def test_a_device_this_machine_lacks_fails_before_any_work(tmp_path, command):
+    args = [str(tmp_path / "data") if a == "DATA" else str(tmp_path / "run") if a == "RUN" else a for a in command]
+    result = invoke(*args, "--device", "cuda", "--out", tmp_path / "out")
+    assert result.exit_code == 2
+    assert normalize(result.output).startswith("error: --device cuda: CUDA is not available on this machine (torch ")
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("content", "kind"), [("[1, 2]", "list"), ('"configs/demo.json"', "str"), ("3", "int")])
+def test_a_config_file_that_is_no_object_is_named(tmp_path, content, kind):
+    (tmp_path / "config.json").write_text(content)
+    result = invoke("train", "--data", tmp_path / "data", "--config", tmp_path / "config.json", "--out", tmp_path / "run")
+    assert result.exit_code == 2
+    assert f"must hold a JSON object of training config fields (configs/demo.json is one), got a {kind}" in normalize(result.output)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field", ["batch_size", "max_batches_per_epoch", "epochs"])
+def test_counts_beyond_any_training_are_refused_before_the_run_folder_is_made(tmp_path, field):
+    for seed in range(3):
+        write_synthetic(tmp_path / "data", f"ep{seed}", 60, track_seed=seed, textured=False)
+    (tmp_path / "config.json").write_text(f'{{"{field}": 1000000000000000000000000000000}}')
+    result = invoke("train", "--data", tmp_path / "data", "--config", tmp_path / "config.json", "--out", tmp_path / "run")
+    assert result.exit_code == 2
+    assert normalize(result.output) == f"error: training config {field} must be in [1, 1000000], got 1000000000000000000000000000000"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_fails_in_its_first_epoch_leaves_no_run_folder(tmp_path):
+    for seed in range(3):
+        write_synthetic(tmp_path / "data", f"ep{seed}", 60, track_seed=seed, textured=False)
+    result = invoke("train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--epochs", "1", "--device", "cpu",
+                    "--batch-size", "4", "--max-batches-per-epoch", "1", "--config", _diverging(tmp_path))
+    assert result.exit_code == 2 and "the loss is nan" in normalize(result.output)
+    assert not (tmp_path / "run").exists()
+
+
+def _diverging(tmp_path: Path) -> Path:
+    (tmp_path / "diverging.json").write_text(json.dumps({"lr": 1e12, "model": {"model": "gmle", "d_model": 16, "num_heads": 4, "topk": 4,
+                                                                                 "encoder": {"token_dim": 16, "channels": [8, 16, 16]}}}))
+    return tmp_path / "diverging.json"
+
+
+def test_resume_removes_what_a_killed_write_left_in_the_run_folder(tmp_path):
+    for seed in range(3):
+        write_synthetic(tmp_path / "data", f"ep{seed}", 60, track_seed=seed, textured=False)
+    args = ["train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--epochs", "1", "--device", "cpu",
+            "--batch-size", "4", "--max-batches-per-epoch", "1"]
+    assert invoke(*args).exit_code == 0
+    stale = tmp_path / "run" / ".model.safetensors.k2x9.partial"  # a kill between a temporary file's write and its rename
+    stale.write_bytes(b"half")
+    result = invoke(*args, "--resume")
+    assert result.exit_code == 0, result.output
+    assert not stale.exists()

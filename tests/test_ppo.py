@@ -1,9 +1,16 @@
-"""Stable-Baselines3 PPO experts (agents/ppo.py): smoke training, reload, driving, clear errors."""
+"""Stable-Baselines3 PPO experts (agents/ppo.py): smoke training, reload, driving, clear errors,
+and driving from the exported safetensors + JSON alone, never from a pickle."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
+import pickle
 import shutil
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +19,14 @@ from typer.testing import CliRunner
 from nsacdrive.agents.ppo import (
     CONFIG_FILE,
     MODEL_FILE,
+    POLICY_FILE,
+    POLICY_WEIGHTS_FILE,
     VECNORMALIZE_FILE,
     OffRoadTermination,
     PPOAgent,
     PPOConfig,
     PrivilegedStateObservation,
+    export_policy,
     make_pixel_env,
     make_state_env,
     pedal_to_car_action,
@@ -29,6 +39,8 @@ from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.envs.car_racing import make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, privileged_state
 
+#: a few float32 roundings of an action in [-1, 1]: the rebuilt policy runs the same float32 arithmetic
+ACTION_TOLERANCE = 4 * float(np.finfo(np.float32).eps)
 SMOKE = dict(timesteps=2048, n_envs=1, n_steps=256, batch_size=128, n_epochs=2, eval_freq=1024, eval_episodes=1,
              max_episode_steps=120, progress_bar=False)
 
@@ -90,8 +102,9 @@ def test_config_validation():
 
 
 def test_smoke_training_saves_reloads_and_acts(trained):
-    for name in (MODEL_FILE, VECNORMALIZE_FILE, CONFIG_FILE):
-        assert (trained / name).is_file()
+    for name in (MODEL_FILE, VECNORMALIZE_FILE, CONFIG_FILE, POLICY_FILE, POLICY_WEIGHTS_FILE):
+        assert (trained / name).is_file() and (trained / "best" / name).is_file()
+    assert not list(trained.glob(".*.partial"))
     assert (trained / "tensorboard").is_dir()
     assert json.loads((trained / CONFIG_FILE).read_text())["obs"] == "state"
     agent = make_agent(f"ppo:{trained}")
@@ -117,6 +130,7 @@ def test_resume_continues_counting(trained, tmp_path):
     shutil.copytree(trained, folder)
     model = train_ppo(PPOConfig(**{**SMOKE, "timesteps": 256, "eval_freq": 0}), folder, resume=True)
     assert model.num_timesteps >= 2048 + 256
+    assert PPOAgent(folder).config()["num_timesteps"] == model.num_timesteps  # the export follows the model
     with pytest.raises(FileExistsError, match="--resume"):
         train_ppo(PPOConfig(**SMOKE), folder)
     with pytest.raises(ValueError, match="obs='state'"):
@@ -141,30 +155,264 @@ def test_missing_paths_give_clear_errors(trained, tmp_path):
         make_agent(f"ppo:{tmp_path / 'nowhere'}")
     with pytest.raises(ValueError, match="ppo needs a model folder"):
         make_agent("ppo:")
-    for name in (CONFIG_FILE, MODEL_FILE, VECNORMALIZE_FILE):
+    for name in (CONFIG_FILE, POLICY_FILE, POLICY_WEIGHTS_FILE):
         folder = tmp_path / f"without-{name}"
         shutil.copytree(trained, folder)
         (folder / name).unlink()
         with pytest.raises(ValueError, match=f"{name} is missing"):
             PPOAgent(folder)
+    for name in (MODEL_FILE, VECNORMALIZE_FILE):  # only resuming and exporting need them
+        folder = tmp_path / f"without-{name}"
+        shutil.copytree(trained, folder)
+        (folder / name).unlink()
+        PPOAgent(folder)
+        with pytest.raises(ValueError, match=f"{name} is missing"):
+            export_policy(folder)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
-def test_corrupt_model_gives_clear_error(trained, tmp_path, damage):
+def test_export_of_a_corrupt_model_gives_clear_error(trained, tmp_path, damage):
     folder = tmp_path / "corrupt"
     shutil.copytree(trained, folder)
     model = folder / MODEL_FILE
     data = model.read_bytes()
     model.write_bytes(b"not a zip at all" if damage == "garbage" else data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"model\.zip is corrupt"):
-        PPOAgent(folder)
+        export_policy(folder)
 
 
-def test_corrupt_vecnormalize_gives_clear_error(trained, tmp_path):
+def test_export_of_corrupt_vecnormalize_gives_clear_error(trained, tmp_path):
     folder = tmp_path / "corrupt"
     shutil.copytree(trained, folder)
     (folder / VECNORMALIZE_FILE).write_bytes(b"\x00garbage")
     with pytest.raises(ValueError, match=r"vecnormalize\.pkl is corrupt"):
+        export_policy(folder)
+
+
+def _trusted_sb3(folder: Path):
+    """The SB3 model and VecNormalize of a folder this test wrote itself (loading them runs pickles)."""
+    from stable_baselines3 import PPO
+
+    with open(folder / VECNORMALIZE_FILE, "rb") as handle:
+        vecnorm = pickle.load(handle)
+    return PPO.load(str(folder / MODEL_FILE), device="cpu"), vecnorm
+
+
+def _sb3_action(model, vecnorm, policy_input: np.ndarray) -> np.ndarray:
+    """What the trained SB3 model does, as EvalCallback and VecNormalize run it."""
+    action, _ = model.predict(vecnorm.normalize_obs(policy_input[None]), deterministic=True)
+    return np.asarray(action, dtype=np.float32).reshape(-1)
+
+
+def _driven_states(seed: int, steps: int) -> list:
+    """Privileged states along a drive with random actions (on and off the road)."""
+    rng = np.random.default_rng(seed)
+    env = make_car_racing(render_observations=False, max_episode_steps=steps)
+    env.reset(seed=seed)
+    states = []
+    for _ in range(steps):
+        states.append(privileged_state(env))
+        _, _, terminated, truncated, _ = env.step(np.array([rng.uniform(-1, 1), rng.uniform(0, 1), 0.0], np.float32))
+        if terminated or truncated:
+            break
+    env.close()
+    return states
+
+
+@pytest.mark.parametrize("sub", [".", "best"])
+def test_exported_state_policy_acts_like_the_sb3_model(trained, sub):
+    folder = trained / sub
+    model, vecnorm = _trusted_sb3(folder)
+    agent = PPOAgent(folder)
+    states = _driven_states(seed=11, steps=150)
+    rng = np.random.default_rng(0)
+    spread = rng.normal(vecnorm.obs_rms.mean, 4 * np.sqrt(vecnorm.obs_rms.var), size=(300, len(STATE_FIELDS)))
+    inputs = [state.as_vector() for state in states] + list(spread.astype(np.float32))
+    ours = np.stack([agent.decide(x) for x in inputs])
+    theirs = np.stack([_sb3_action(model, vecnorm, x) for x in inputs])
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ACTION_TOLERANCE)
+    assert np.ptp(theirs, axis=0).min() > 0.01  # the comparison spans different actions
+    for state in states[:20]:  # act(): a fresh decision after reset, as (steer, gas, brake)
+        agent.reset()
+        expected = pedal_to_car_action(_sb3_action(model, vecnorm, state.as_vector()))
+        np.testing.assert_allclose(agent.act(np.zeros((96, 96, 3), np.uint8), state), expected, rtol=0, atol=ACTION_TOLERANCE)
+    assert agent.config()["num_timesteps"] == model.num_timesteps
+
+
+def test_exported_pixel_policy_acts_like_the_sb3_model(tmp_path):
+    folder = tmp_path / "pixels"
+    train_ppo(PPOConfig.pixels_recipe(timesteps=16, n_envs=1, n_steps=16, batch_size=16, n_epochs=1, eval_freq=0,
+                                      max_episode_steps=40, progress_bar=False), folder)
+    model, vecnorm = _trusted_sb3(folder)
+    agent = PPOAgent(folder)
+    assert agent.needs_pixels and agent.exported.normalization is None
+    frames = np.random.default_rng(1).integers(0, 256, size=(20, 64, 64, 2), dtype=np.uint8)
+    ours = np.stack([agent.decide(frame) for frame in frames])
+    theirs = np.stack([_sb3_action(model, vecnorm, frame) for frame in frames])
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ACTION_TOLERANCE)
+    env = make_car_racing(max_episode_steps=10)
+    observation, _ = env.reset(seed=2)
+    for _ in range(4):
+        action = agent.act(observation, privileged_state(env))
+        assert env.action_space.contains(action)
+        observation, *_ = env.step(action)
+    env.close()
+
+
+class CreatesFile:
+    """Unpickling this creates ``path``: a stand-in for whatever code a malicious pickle runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def _plant_malicious_pickles(folder: Path, marker: Path) -> None:
+    """Replace vecnormalize.pkl by a pickle, and model.zip's policy_class by a ``:serialized:``
+    cloudpickle payload, that each create ``marker`` when loaded."""
+    payload = pickle.dumps(CreatesFile(marker))
+    (folder / VECNORMALIZE_FILE).write_bytes(payload)
+    model = folder / MODEL_FILE
+    with zipfile.ZipFile(model) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    data = json.loads(entries["data"])
+    data["policy_class"] = {":serialized:": base64.b64encode(payload).decode()}
+    entries["data"] = json.dumps(data).encode()
+    with zipfile.ZipFile(model, "w") as archive:
+        for name, content in entries.items():
+            archive.writestr(name, content)
+
+
+def test_the_planted_payloads_run_when_loaded_the_unsafe_way(trained, tmp_path):
+    """The control for the next test: SB3 and pickle do execute these payloads."""
+    from stable_baselines3 import PPO
+
+    folder, marker = tmp_path / "control", tmp_path / "control-marker"
+    shutil.copytree(trained, folder)
+    _plant_malicious_pickles(folder, marker)
+    with open(folder / VECNORMALIZE_FILE, "rb") as handle:
+        pickle.load(handle)
+    assert marker.exists()
+    marker.unlink()
+    with contextlib.suppress(Exception):  # the payload runs before SB3 finds policy_class broken
+        PPO.load(str(folder / MODEL_FILE), device="cpu")
+    assert marker.exists()
+
+
+def test_driving_never_loads_the_pickles(trained, tmp_path):
+    folder, marker = tmp_path / "planted", tmp_path / "marker"
+    shutil.copytree(trained, folder)
+    _plant_malicious_pickles(folder, marker)
+    agent = PPOAgent(folder)
+    env = make_car_racing(render_observations=False, max_episode_steps=20)
+    env.reset(seed=4)
+    for _ in range(10):
+        env.step(agent.act(np.zeros((96, 96, 3), np.uint8), privileged_state(env)))
+    env.close()
+    result = CliRunner().invoke(app, ["collect", "--agent", f"ppo:{folder}", "--seeds", "0", "--max-steps", "20",
+                                      "--workers", "1", "--out", str(tmp_path / "data")])
+    assert result.exit_code == 0, result.output
+    assert len(sidecar_paths(tmp_path / "data")) == 1
+    assert not marker.exists()
+
+
+def test_folder_without_exported_files_is_refused_until_exported(trained, tmp_path):
+    folder = tmp_path / "old"
+    shutil.copytree(trained, folder)
+    for name in (POLICY_FILE, POLICY_WEIGHTS_FILE):
+        (folder / name).unlink()
+    with pytest.raises(ValueError, match=rf"policy\.json is missing: .*nsacdrive expert export {folder}.*execute code"):
+        PPOAgent(folder)
+    runner = CliRunner()
+    result = runner.invoke(app, ["collect", "--agent", f"ppo:{folder}", "--seeds", "0", "--max-steps", "20",
+                                 "--workers", "1", "--out", str(tmp_path / "data")])
+    assert result.exit_code == 2 and "error: " in result.output and "policy.json is missing" in result.output
+    result = runner.invoke(app, ["expert", "export", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert str(folder / POLICY_FILE) in result.output
+    exported, original = PPOAgent(folder), PPOAgent(trained)
+    inputs = [state.as_vector() for state in _driven_states(seed=5, steps=40)]
+    np.testing.assert_array_equal([exported.decide(x) for x in inputs], [original.decide(x) for x in inputs])
+
+
+def test_cli_export_warns_and_fails_clearly(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["expert", "export", "--help"])
+    assert result.exit_code == 0 and "execute code" in " ".join(result.output.split())
+    result = runner.invoke(app, ["expert", "export", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "is not a folder" in result.output
+
+
+def _rewrite_json(folder: Path, change) -> None:
+    path = folder / POLICY_FILE
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _replace_weights(folder: Path, weights: bytes) -> None:
+    """New weights bytes with a matching checksum: what a consistent but wrong export looks like."""
+    (folder / POLICY_WEIGHTS_FILE).write_bytes(weights)
+    _rewrite_json(folder, lambda data: data.update(weights_sha256=hashlib.sha256(weights).hexdigest()))
+
+
+def _narrower_weights(folder: Path) -> None:
+    import safetensors.torch
+
+    tensors = safetensors.torch.load((folder / POLICY_WEIGHTS_FILE).read_bytes())
+    name = "mlp_extractor.policy_net.0.weight"
+    _replace_weights(folder, safetensors.torch.save({**tensors, name: tensors[name][:64].contiguous()}))
+
+
+def _dropped_tensor(folder: Path) -> None:
+    import safetensors.torch
+
+    tensors = safetensors.torch.load((folder / POLICY_WEIGHTS_FILE).read_bytes())
+    _replace_weights(folder, safetensors.torch.save({k: v for k, v in tensors.items() if k != "log_std"}))
+
+
+def _set(section: str, key: str, value):
+    return lambda folder: _rewrite_json(folder, lambda data: data[section].__setitem__(key, value))
+
+
+BAD_EXPORTS = {
+    "json-garbage": (lambda folder: (folder / POLICY_FILE).write_text("{not json"), r"policy\.json is not JSON"),
+    "json-list": (lambda folder: (folder / POLICY_FILE).write_text("[]"), r"policy\.json is not an exported PPO policy"),
+    "version": (lambda folder: _rewrite_json(folder, lambda data: data.update(version=99)), r"format version 99 is not supported"),
+    "no-checksum": (lambda folder: _rewrite_json(folder, lambda data: data.pop("weights_sha256")),
+                    r"field 'weights_sha256' must be a sha256 hex digest, got nothing \(missing\)"),
+    "bad-checksum": (lambda folder: _rewrite_json(folder, lambda data: data.update(weights_sha256="abc")),
+                     r"field 'weights_sha256' must be a sha256 hex digest \(64 lowercase hex digits\), got 'abc'"),
+    "activation": (_set("policy", "activation_fn", "swish"), r"field 'policy\.activation_fn' must be one of tanh, relu, gelu, got 'swish'"),
+    "flag-type": (_set("policy", "use_sde", "no"), r"field 'policy\.use_sde' must be true or false, got 'no'"),
+    "net-arch": (_set("policy", "net_arch", {"pi": [64, 64], "vf": [256, 256]}),
+                 r"policy\.safetensors: tensor 'action_net\.weight' is torch\.float32 \[2, 256\], "
+                 r"the architecture in policy\.json needs torch\.float32 \[2, 64\]"),
+    "obs-shape": (_set("observation_space", "shape", [7]), r"observation_space shape \[7\] does not match obs='state'"),
+    "action-shape": (lambda folder: _rewrite_json(folder, lambda data: data["action_space"].update(shape=[3], low=-1, high=1)),
+                     r"action_space shape \[3\] does not match pedal_action=True"),
+    "bounds": (_set("action_space", "low", "minus one"), r"field 'action_space\.low' must be a number or a list of 2 numbers"),
+    "stats-length": (_set("obs_normalization", "mean", [0.0]), rf"field 'obs_normalization\.mean' must be a list of {len(STATE_FIELDS)} finite numbers"),
+    "stats-missing": (lambda folder: _rewrite_json(folder, lambda data: data["obs_normalization"].pop("var")),
+                      r"field 'obs_normalization\.var' must be a list of \d+ finite numbers, got nothing \(missing\)"),
+    "checksum": (lambda folder: (folder / POLICY_WEIGHTS_FILE).write_bytes((folder / POLICY_WEIGHTS_FILE).read_bytes()[:-1] + b"\x00"),
+                 r"policy\.safetensors is corrupt: its sha256 is [0-9a-f]{64}, policy\.json expects [0-9a-f]{64}"),
+    "not-safetensors": (lambda folder: _replace_weights(folder, b"garbage bytes"), r"policy\.safetensors is not a safetensors file"),
+    "narrower-tensor": (_narrower_weights, r"tensor 'mlp_extractor\.policy_net\.0\.weight' is torch\.float32 \[64, \d+\], "
+                                           r"the architecture in policy\.json needs torch\.float32 \[256, \d+\]"),
+    "missing-tensor": (_dropped_tensor, r"tensors do not match the architecture in policy\.json \(missing \['log_std'\], unexpected \[\]\)"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_EXPORTS))
+def test_bad_exported_files_give_clear_errors(trained, tmp_path, damage):
+    folder = tmp_path / damage
+    shutil.copytree(trained, folder)
+    spoil, message = BAD_EXPORTS[damage]
+    spoil(folder)
+    with pytest.raises(ValueError, match=message):
         PPOAgent(folder)
 
 

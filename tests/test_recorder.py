@@ -7,6 +7,7 @@ read-only tests; tests that mutate a dataset work on a copy in their own tmp_pat
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -314,9 +315,10 @@ def test_collect_validates_before_creating_anything(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_noise_config_rejects_negative_sigma():
-    with pytest.raises(ValueError, match="--noise must be >= 0, got -0.1"):
-        NoiseConfig(-0.1)
+@pytest.mark.parametrize("sigma", [-0.1, math.inf, math.nan, 2.5, "0.1", True])
+def test_noise_config_rejects_what_is_no_noise_std(sigma):
+    with pytest.raises(ValueError, match=r"--noise must be a number in \[0, 2.0\]"):
+        NoiseConfig(sigma)
 
 
 @pytest.mark.parametrize(

@@ -322,6 +322,9 @@ def test_a_flipped_byte_in_the_weights_is_named_on_load(tiny_data, tmp_path):
     (run / "model.safetensors").write_bytes(bytes(weights))
     with pytest.raises(checkpoint.CheckpointError, match=rf"{re.escape(str(run / 'model.safetensors'))}: sha256 .* differs from"):
         load_run(run)
+    (run / "checksums.json").unlink()  # without the record the flip would pass unseen: refused instead
+    with pytest.raises(checkpoint.CheckpointError, match=rf"{re.escape(str(run / 'model.safetensors'))}: no sha256 recorded"):
+        load_run(run)
 
 
 # ----------------------------------------------------------------------------- versions

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,16 @@ def test_parse_keeps_order_of_listed_seeds(seeds):
 def test_a_hundred_thousand_listed_seeds_parse_in_order():
     seeds = [(7919 * k) % 100_003 for k in range(100_000)]  # distinct (100003 is prime), scrambled
     assert parse_seeds(",".join(map(str, seeds))) == seeds
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("0-999999999999", "seed 999999999999 in '0-999999999999' is above the largest seed, 4294967295"),
+    ("0-999999,1000000-1000001", "names more than 1,000,000 seeds"),
+    ("1" * 30, "cannot parse"),
+])
+def test_seed_lists_are_bounded_before_they_are_expanded(text, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_seeds(text)
 
 
 def test_duplicates_among_many_seeds_are_all_named_sorted():
@@ -285,3 +297,14 @@ def test_replace_folder_keeps_a_rival_that_moved_in_meanwhile_only_when_accepted
             replace_folder(stage, tmp_path / "out", accept_existing=accept)
     assert seen == [tmp_path / "out"]
     assert (tmp_path / "out" / "new.txt").read_text() == "theirs"
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")  # what a write or fsync raises: no file named
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left") as caught:
+        atomic_write_bytes(tmp_path / "out" / "manifest.json", b"{}")
+    assert caught.value.filename == str(tmp_path / "out" / "manifest.json") and caught.value.errno == errno.ENOSPC
+    assert list((tmp_path / "out").iterdir()) == []
