@@ -679,6 +679,19 @@ def closed_loop_eval(
             typer.echo(f"  {r['run']} {condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
                        f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}")
     typer.echo(f"per-step logs and summary → {out}")
+    _warn_of_faults(out)
+
+
+def _warn_of_faults(eval_dir: Path) -> None:
+    """Say on stderr how many episodes a fault ended (an exception, not the driving) and the first
+    reason, which the table counts as ``failed`` and summary.csv lists."""
+    from nsacdrive.eval.results import load_records
+
+    faults = [record for record in load_records(eval_dir) if record["failed"]]
+    if faults:
+        typer.secho(f"warning: {len(faults)} episode(s) could not be driven to the end because of a fault, not the driving "
+                    f"(first: {faults[0]['episode_id']}: {faults[0]['reason']}); every reason is in {eval_dir / 'summary.csv'}",
+                    fg="yellow", err=True)
 
 
 def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:

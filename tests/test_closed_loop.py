@@ -109,6 +109,24 @@ def test_a_faulty_episode_is_recorded_and_the_evaluation_goes_on(trained_run, tm
     assert record["failed"] and "non-finite action" in record["reason"]
 
 
+def test_the_eval_command_says_when_a_fault_ended_episodes(trained_run, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+    from nsacdrive.eval import driver
+
+    def broken(self, episodes, observations, speeds=None, generators=None):
+        raise RuntimeError("the accelerator fell off")
+
+    monkeypatch.setattr(driver.ControllerPolicy, "predict_episodes", broken)
+    result = CliRunner().invoke(app, ["eval", str(trained_run), "--seeds", "3", "--max-steps", "20", "--workers", "1",
+                                      "--inference", "inline", "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    warning = result.output.strip().splitlines()[-1]
+    assert warning.startswith("warning: 1 episode(s) could not be driven to the end because of a fault, not the driving (first: ")
+    assert "the accelerator fell off" in warning and warning.endswith(f"every reason is in {tmp_path / 'eval' / 'summary.csv'}")
+
+
 def test_aggregation_maths_on_known_records():
     def record(repeat, lap, score, lateral=1.0, failed=False, completion=1.0, events=0, reason="lap_finished"):
         r = EpisodeRecord("runs/x", "nsac", "default", 0, repeat, failed, reason, steps=10, score=score, lap_finished=lap,
