@@ -7,9 +7,19 @@ from the machine that recorded: a path that does not exist as given is looked up
 ``IMG/<file name>`` in the recording folder. Surrounding spaces are ignored (the sample data's
 left/right columns start with one).
 
+Bounds. The log is streamed, one line at a time: read once to check it (keeping counts only) and
+once more to import it. A line longer than :data:`MAX_LINE_BYTES` bytes, a field longer than
+:data:`MAX_FIELD_CHARS` characters or a line that is not UTF-8 is a malformed line. An image path
+must stay inside the recording folder once ``..`` and symlinks are resolved; a path outside it is
+never looked at — so the error is the same whether or not an outside file exists — unless
+``allow_outside``. A foreign absolute path still maps to ``IMG/<file name>``, which is inside. An
+image file may have at most :data:`~nsacdrive.data_collection.udacity_layout.MAX_FRAME_BYTES`
+bytes, and its JPEG/PNG header must declare 320×160 pixels before it is decoded.
+
 Every image of every row is decoded (cv2, converted to RGB) and must be a 160×320 colour
-frame. Missing or unreadable images are ALL listed in one :class:`UdacityImportError` (log line
-and camera for each), or, with ``skip_missing``, their rows are left out.
+frame. Malformed lines, and missing or unreadable images, are counted in one
+:class:`UdacityImportError` that lists the first :data:`MAX_LISTED` (log line, and camera for an
+image); with ``skip_missing``, rows with an image problem are left out instead.
 
 Episodes. A log is one continuous drive; it is cut into episodes of ``episode_length`` steps
 (default 200, ~20 s at the simulator's ~10 Hz) so that sequences are built per episode and the
@@ -36,13 +46,16 @@ the log changes), an already imported folder is used as it is.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -53,7 +66,7 @@ from nsacdrive.common.atomic import PARTIAL_SUFFIX, STALE_SUFFIX, atomic_write_j
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
-from nsacdrive.data_collection.udacity_layout import LOG_NAME
+from nsacdrive.data_collection.udacity_layout import FRAME_SIZE, IMG_DIR, LOG_NAME, MAX_FRAME_BYTES, declared_frame_size
 from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION, UDACITY_RAW_FRAME_SHAPE
 
 SOURCE = "udacity-import"
@@ -64,24 +77,34 @@ DEFAULT_EPISODE_LENGTH = 200
 CACHE_NAME = ".nsacdrive-import"
 STAMP_NAME = ".import.json"  # hidden: sidecar_paths never mistakes it for an episode
 IMPORT_VERSION = 1
+MAX_FIELD_CHARS = 4096  # a field of the log (an image path is at most PATH_MAX long)
+MAX_LINE_BYTES = len(LOG_COLUMNS) * (MAX_FIELD_CHARS + 3)  # seven quoted fields and their commas
+MAX_LISTED = 20  # problems an error or a skip report lists in full; the rest are counted
+IMAGE_PROBLEMS = "missing or unreadable images"  # what an import's image problems are counted as
 
 
 class UdacityImportError(DatasetError):
     """A problem with a recording; the message names the file, the log line and what was expected."""
 
 
+#: the longest imported episode: CarRacing's horizon; its three cameras' frames take about half a GB while it is written
+MAX_EPISODE_LENGTH = 1000
+
+
 @dataclass(frozen=True)
 class ImportConfig:
     """``episode_length``: steps per episode; ``first_seed``: track seed of the first episode;
-    ``skip_missing``: leave out rows with a missing or unreadable image instead of failing."""
+    ``skip_missing``: leave out rows with a missing or unreadable image instead of failing;
+    ``allow_outside``: also read image paths that lead outside the recording folder."""
 
     episode_length: int = DEFAULT_EPISODE_LENGTH
     first_seed: int = 0
     skip_missing: bool = False
+    allow_outside: bool = False
 
     def __post_init__(self) -> None:
-        if self.episode_length < 1:
-            raise ValueError(f"episode_length must be >= 1, got {self.episode_length}")
+        if not 1 <= self.episode_length <= MAX_EPISODE_LENGTH:  # an episode's decoded frames are held while it is written
+            raise ValueError(f"--episode-length must be in [1, {MAX_EPISODE_LENGTH}], got {self.episode_length}")
         if self.first_seed < 0:
             raise ValueError(f"first_seed must be >= 0, got {self.first_seed}")
 
@@ -97,6 +120,17 @@ class LogRow:
 
 
 @dataclass(frozen=True)
+class BadLine:
+    """A malformed log line and what is wrong with it."""
+
+    line: int
+    problem: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.problem}"
+
+
+@dataclass(frozen=True)
 class ImageProblem:
     line: int
     camera: str
@@ -108,9 +142,35 @@ class ImageProblem:
 
 
 @dataclass
+class ProblemList:
+    """The first :data:`MAX_LISTED` problems and a count of all: a log of a million bad lines
+    costs neither memory nor a million lines of output. ``noun`` names what is counted."""
+
+    noun: str
+    listed: list[Any] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, problem: Any) -> None:
+        self.total += 1
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append(problem)
+
+    def __len__(self) -> int:
+        return self.total
+
+    def lines(self) -> list[str]:
+        """One line per listed problem, then "… and N more <noun>" when some were not listed."""
+        more = self.total - len(self.listed)
+        return [str(problem) for problem in self.listed] + ([f"… and {more} more {self.noun}"] if more else [])
+
+    def report(self, head: str) -> str:
+        return head + ":\n  " + "\n  ".join(self.lines())
+
+
+@dataclass
 class ImportResult:
     """What an import wrote: the dataset folder, episodes, steps, rows read, rows skipped (with
-    every image problem), the cameras stored and whether the log had a header."""
+    their image problems), the cameras stored and whether the log had a header."""
 
     out: Path
     episodes: int
@@ -119,46 +179,126 @@ class ImportResult:
     header: bool
     cameras: tuple[str, ...]
     skipped_rows: int = 0
-    problems: list[ImageProblem] = field(default_factory=list)
+    problems: ProblemList = field(default_factory=lambda: ProblemList(IMAGE_PROBLEMS))
 
 
-def read_driving_log(folder: str | Path) -> tuple[list[LogRow], bool]:
-    """Parse ``folder/driving_log.csv``; returns the rows and whether a header row was present."""
+@dataclass(frozen=True)
+class DrivingLog:
+    """A checked ``driving_log.csv``: whether it starts with a header, how many data rows it has
+    and which cameras have a path in some row. Iterating parses its rows again, one at a time,
+    so that nothing holds every row of a long log."""
+
+    path: Path
+    header: bool
+    rows: int
+    cameras: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __iter__(self) -> Iterator[LogRow]:
+        for item in _log_items(self.path, self.header):
+            if isinstance(item, BadLine):
+                raise UdacityImportError(f"{self.path}: {item} (the log changed during the import; import again)")
+            yield item
+
+
+def read_driving_log(folder: str | Path) -> tuple[DrivingLog, bool]:
+    """Check ``folder/driving_log.csv`` in one streamed pass; returns the log (its rows are read
+    on iteration) and whether a header row was present."""
     path = Path(folder) / LOG_NAME
     if not path.is_file():
         raise UdacityImportError(f"{path}: driving log not found (a Udacity recording folder holds IMG/ and {LOG_NAME})")
-    rows: list[LogRow] = []
-    errors: list[str] = []
-    header = False
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        for cells in reader:
-            cells = [cell.strip() for cell in cells]
-            if not any(cells):
-                continue
-            if len(cells) != len(LOG_COLUMNS):
-                errors.append(f"line {reader.line_num}: {len(cells)} columns, expected {len(LOG_COLUMNS)} ({', '.join(LOG_COLUMNS)})")
-                continue
-            if not rows and not errors and not header and not _is_number(cells[3]):
-                if tuple(c.lower() for c in cells) != LOG_COLUMNS:
-                    raise UdacityImportError(f"{path}: line {reader.line_num} is neither a data row nor the header "
-                                             f"{','.join(LOG_COLUMNS)}: {cells}")
-                header = True
-                continue
-            values = []
-            for name, cell in zip(LOG_COLUMNS[3:], cells[3:]):
-                if not _is_number(cell):
-                    errors.append(f"line {reader.line_num}: {name} {cell!r} is not a finite number")
-                values.append(float(cell) if _is_number(cell) else math.nan)
-            if abs(values[0]) > MAX_STEERING:  # NaN compares False: reported above as not a number
-                errors.append(f"line {reader.line_num}: steering {cells[3]} is outside [-{MAX_STEERING:g}, {MAX_STEERING:g}] "
-                              "(the simulator logs the normalised steering angle)")
-            rows.append(LogRow(reader.line_num, dict(zip(CAMERAS, cells[:3])), (values[0], values[1], values[2]), values[3]))
-    if errors:
-        raise UdacityImportError(f"{path}: {len(errors)} malformed line(s):\n  " + "\n  ".join(errors))
+    header = _starts_with_header(path)
+    bad, rows, cameras = ProblemList("malformed lines"), 0, set()
+    for item in _log_items(path, header):
+        if isinstance(item, BadLine):
+            bad.add(item)
+        else:
+            rows += 1
+            cameras.update(camera for camera in CAMERAS if item.images[camera])
+    if bad:
+        raise UdacityImportError(bad.report(f"{path}: {len(bad)} malformed line(s)"))
     if not rows:
         raise UdacityImportError(f"{path}: no data rows")
-    return rows, header
+    return DrivingLog(path, header, rows, tuple(c for c in CAMERAS if c in cameras)), header
+
+
+def _physical_lines(path: Path) -> Iterator[tuple[int, str] | BadLine]:
+    """(line number, text) of each line of ``path``, read in bounded pieces; a line longer than
+    :data:`MAX_LINE_BYTES` (skipped without being held whole) or not UTF-8 is a :class:`BadLine`."""
+    with open(path, "rb") as handle:
+        number = 0
+        while chunk := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(chunk) > MAX_LINE_BYTES:
+                while chunk and not chunk.endswith(b"\n"):
+                    chunk = handle.readline(MAX_LINE_BYTES)
+                yield BadLine(number, f"longer than {MAX_LINE_BYTES} bytes (expected {len(LOG_COLUMNS)} short fields)")
+                continue
+            try:
+                yield number, (chunk.removeprefix(codecs.BOM_UTF8) if number == 1 else chunk).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield BadLine(number, f"not UTF-8 text (byte {exc.start + 1})")
+
+
+def _cell_lines(path: Path) -> Iterator[tuple[int, list[str]] | BadLine]:
+    """(line number, stripped cells) of each non-blank line, or a :class:`BadLine` for a line that
+    is too long, not text or has a field longer than :data:`MAX_FIELD_CHARS`."""
+    for item in _physical_lines(path):
+        if isinstance(item, BadLine):
+            yield item
+            continue
+        number, text = item
+        try:
+            cells = [cell.strip() for cell in next(csv.reader([text]), [])]
+        except csv.Error as exc:
+            yield BadLine(number, f"not a CSV line ({exc})")
+            continue
+        longest = max(range(len(cells)), key=lambda i: len(cells[i]), default=None)
+        if longest is not None and len(cells[longest]) > MAX_FIELD_CHARS:
+            yield BadLine(number, f"field {longest + 1} has {len(cells[longest])} characters, expected at most {MAX_FIELD_CHARS}")
+        elif any(cells):
+            yield number, cells
+
+
+def _starts_with_header(path: Path) -> bool:
+    """Whether the first non-blank line is the header; a first line that is neither a data row nor
+    the header is an error (a log of another format)."""
+    first = next(_cell_lines(path), None)
+    if first is None or isinstance(first, BadLine):
+        return False
+    number, cells = first
+    if len(cells) != len(LOG_COLUMNS) or _is_number(cells[3]):
+        return False
+    if tuple(cell.lower() for cell in cells) != LOG_COLUMNS:
+        shown = [cell[:40] for cell in cells]
+        raise UdacityImportError(f"{path}: line {number} is neither a data row nor the header {','.join(LOG_COLUMNS)}: {shown}")
+    return True
+
+
+def _log_items(path: Path, header: bool) -> Iterator[LogRow | BadLine]:
+    """Each data row of the log (the header skipped when ``header``), or the line's problems."""
+    lines = _cell_lines(path)
+    if header:
+        next(lines)
+    for item in lines:
+        yield item if isinstance(item, BadLine) else _log_row(*item)
+
+
+def _log_row(number: int, cells: list[str]) -> LogRow | BadLine:
+    """One data row from its cells, or every problem of the line in one :class:`BadLine`."""
+    if len(cells) != len(LOG_COLUMNS):
+        return BadLine(number, f"{len(cells)} columns, expected {len(LOG_COLUMNS)} ({', '.join(LOG_COLUMNS)})")
+    problems = [f"{name} {cell[:40]!r} is not a finite number" for name, cell in zip(LOG_COLUMNS[3:], cells[3:])
+                if not _is_number(cell)]
+    if not problems and abs(float(cells[3])) > MAX_STEERING:
+        problems.append(f"steering {cells[3]} is outside [-{MAX_STEERING:g}, {MAX_STEERING:g}] "
+                        "(the simulator logs the normalised steering angle)")
+    if problems:
+        return BadLine(number, "; ".join(problems))
+    steering, throttle, brake, speed = (float(cell) for cell in cells[3:])
+    return LogRow(number, dict(zip(CAMERAS, cells[:3])), (steering, throttle, brake), speed)
 
 
 def _is_number(text: str) -> bool:
@@ -174,28 +314,102 @@ def image_candidates(folder: str | Path, written: str) -> list[Path]:
     folder = Path(folder)
     normalised = written.strip().replace("\\", "/")
     given = Path(normalised)
-    candidates = [given if given.is_absolute() else folder / given, folder / "IMG" / PurePosixPath(normalised).name]
+    candidates = [given if given.is_absolute() else folder / given, folder / IMG_DIR / PurePosixPath(normalised).name]
     return list(dict.fromkeys(candidates))
 
 
-def read_camera_image(folder: Path, written: str) -> tuple[np.ndarray | None, str]:
-    """The decoded uint8 RGB frame of one logged path, or (None, why not)."""
-    if not written:
-        return None, "is empty (no image path in this column)"
-    candidates = image_candidates(folder, written)
-    path = next((c for c in candidates if c.is_file()), None)
-    if path is None:
+@dataclass(frozen=True)
+class ImageFolder:
+    """Reads a recording's camera images: only from inside ``folder`` (after ``..`` and symlinks)
+    unless ``allow_outside``."""
+
+    folder: Path
+    allow_outside: bool = False
+
+    @cached_property
+    def roots(self) -> tuple[str, ...]:
+        """The folder as given (made absolute and normalised) and with its symlinks resolved."""
+        return tuple(dict.fromkeys((os.path.abspath(self.folder), os.path.realpath(self.folder))))
+
+    def inside(self, path: Path) -> bool:
+        """Whether ``path`` stays in the folder: decided on the path's text first, so a path that
+        leads outside is never looked up on disk, then with its symlinks resolved (its folder's
+        resolution cached: a recording's images share a few folders). Plain strings: this runs
+        for every image of a log."""
+        lexical = os.path.abspath(path)
+        if not any(_within(lexical, root) for root in self.roots):
+            return False
+        try:
+            if os.path.islink(lexical):
+                resolved = os.path.realpath(lexical)
+            else:
+                resolved = os.path.join(_resolved_folder(os.path.dirname(lexical)), os.path.basename(lexical))
+        except (OSError, ValueError):  # a name too long, a NUL byte: not a usable image path
+            return False
+        return _within(resolved, self.roots[-1])
+
+    def find(self, written: str) -> tuple[Path | None, str]:
+        """The file a logged path names, or (None, why not)."""
+        candidates = image_candidates(self.folder, written)
+        allowed = candidates if self.allow_outside else [c for c in candidates if self.inside(c)]
+        path = next((c for c in allowed if _is_file(c)), None)
+        if path is not None:
+            return path, ""
+        if len(allowed) < len(candidates):
+            mapped = f" and {IMG_DIR}/{candidates[-1].name} is not in it" if allowed else ""
+            return None, f"is outside the recording folder {self.roots[-1]}{mapped} (pass --allow-outside to read it)"
         return None, "not found (looked for " + ", ".join(str(c) for c in candidates) + ")"
-    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+
+    def read(self, written: str) -> tuple[np.ndarray | None, str]:
+        """The decoded uint8 RGB frame of one logged path, or (None, why not)."""
+        if not written:
+            return None, "is empty (no image path in this column)"
+        path, reason = self.find(written)
+        return (None, reason) if path is None else _decode_frame_file(path)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+@lru_cache(maxsize=256)
+def _resolved_folder(folder: str) -> str:
+    return os.path.realpath(folder)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system, say
+        return False
+
+
+def _decode_frame_file(path: Path) -> tuple[np.ndarray | None, str]:
+    """A frame file's uint8 RGB picture, or (None, why not): its size and declared pixels are
+    checked before anything is decoded."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FRAME_BYTES + 1)
+    except OSError as exc:
+        return None, f"is unreadable ({path}: {exc.strerror or exc})"
+    if len(data) > MAX_FRAME_BYTES:
+        return None, f"is too large ({path} has over {MAX_FRAME_BYTES} bytes; a 320×160 frame has far fewer)"
+    size = declared_frame_size(data)
+    if size is None:
+        return None, f"is unreadable ({path} is not a JPEG or PNG that declares its size)"
+    if size != FRAME_SIZE:
+        return None, f"is {size[0]}×{size[1]} pixels ({path}), expected {FRAME_SIZE[0]}×{FRAME_SIZE[1]}"
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         return None, f"is unreadable ({path} is not an image cv2 can decode)"
-    if bgr.shape != UDACITY_RAW_FRAME_SHAPE:
+    if bgr.shape != UDACITY_RAW_FRAME_SHAPE:  # an EXIF rotation, say
         return None, f"has shape {bgr.shape} ({path}), expected {UDACITY_RAW_FRAME_SHAPE} (160×320 colour)"
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), ""
 
 
 def log_sha256(folder: str | Path) -> str:
-    return hashlib.sha256((Path(folder) / LOG_NAME).read_bytes()).hexdigest()
+    with open(Path(folder) / LOG_NAME, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _episode_arrays(frames: list[dict[str, np.ndarray]], rows: list[LogRow], cameras: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -286,47 +500,47 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
                      progress: bool = False) -> ImportResult:
     """Import the recording in ``folder`` into the dataset folder ``out`` (created if needed).
 
-    Fails with :class:`UdacityImportError` (and writes nothing) on a malformed log, on missing
-    or unreadable images unless ``config.skip_missing``, and when ``out`` already holds an
-    episode id this import would write. Every image is decoded once.
+    Fails with :class:`UdacityImportError` (and writes nothing) on a malformed log, on missing,
+    unreadable or outside images unless ``config.skip_missing``, and when ``out`` already holds
+    an episode id this import would write. The log is streamed and every image decoded once.
     """
     from nsacdrive.common.progress import progress_bar
 
     folder, out = Path(folder), Path(out)
-    rows, header = read_driving_log(folder)
-    cameras = tuple(c for c in CAMERAS if any(row.images[c] for row in rows))
-    problems: list[ImageProblem] = []
+    log, header = read_driving_log(folder)
+    images = ImageFolder(folder, config.allow_outside)
+    problems = ProblemList(IMAGE_PROBLEMS)
     bad_rows = 0
     remove_abandoned_stages(out.parent, f".{out.name}")  # an import into ``out`` that was killed
     stage = out.parent / f".{out.name}.{os.getpid()}{PARTIAL_SUFFIX}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        writer = _EpisodeWriter(stage, folder, header, cameras, config)
-        for row in progress_bar(rows, desc="importing", unit="row", disable=not progress):
-            images, row_problems = {}, []
-            for camera in cameras:
-                image, reason = read_camera_image(folder, row.images[camera])
-                if image is None:
+        writer = _EpisodeWriter(stage, folder, header, log.cameras, config)
+        for row in progress_bar(log, total=len(log), desc="importing", unit="row", disable=not progress):
+            frames, row_problems = {}, []
+            for camera in log.cameras:
+                frames[camera], reason = images.read(row.images[camera])
+                if frames[camera] is None:
                     row_problems.append(ImageProblem(row.line, camera, row.images[camera], reason))
-                images[camera] = image
             if row_problems:
-                problems += row_problems
+                for problem in row_problems:
+                    problems.add(problem)
                 bad_rows += 1
                 writer.end_stretch("skipped_rows")
             elif config.skip_missing or not problems:  # after a problem without skipping: only list the rest
-                writer.add(row, images)
+                writer.add(row, frames)
         if problems and not config.skip_missing:
-            raise UdacityImportError(f"{folder / LOG_NAME}: {len(problems)} image(s) missing or unreadable "
-                                     "(pass --skip-missing to import without their rows):\n  " + "\n  ".join(map(str, problems)))
+            raise UdacityImportError(problems.report(f"{log.path}: {len(problems)} image(s) missing or unreadable "
+                                                     "(pass --skip-missing to import without their rows)"))
         writer.end_stretch("end_of_log")
         if writer.episodes == 0:
-            raise UdacityImportError(f"{folder / LOG_NAME}: no episode to write (no two consecutive usable rows)")
+            raise UdacityImportError(f"{log.path}: no episode to write (no two consecutive usable rows)")
         write_manifest(stage)
         _move_into(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return ImportResult(out, writer.episodes, writer.steps, len(rows), header, cameras, bad_rows, problems)
+    return ImportResult(out, writer.episodes, writer.steps, len(log), header, log.cameras, bad_rows, problems)
 
 
 def _move_into(stage: Path, out: Path) -> None:

@@ -29,6 +29,10 @@ Resumability: each episode writes its JPEGs, then ``episodes/<id>.csv`` (its row
 episode is complete once its sidecar pins its rows. ``driving_log.csv`` is rebuilt atomically
 from the complete episodes' rows (sorted by id) after every episode, like ``manifest.json``.
 The same episode always gives the same bytes (fixed JPEG quality, deterministic frames).
+
+Reading frames back (the importer, the simulator server): :func:`declared_frame_size` reads the
+width and height a JPEG or PNG declares in its header, so a file or message claiming a huge
+picture is refused before anything decodes it; :data:`MAX_FRAME_BYTES` bounds a frame's bytes.
 """
 
 from __future__ import annotations
@@ -44,12 +48,50 @@ import numpy as np
 
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, remove_partial_files
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS
-from nsacdrive.envs.udacity_observation import JPEG_QUALITY, encode_jpeg
+from nsacdrive.envs.udacity_observation import JPEG_QUALITY, UDACITY_RAW_FRAME_SHAPE, encode_jpeg
 
 IMG_DIR = "IMG"
 EPISODES_DIR = "episodes"
 LOG_NAME = "driving_log.csv"
 MPH_PER_UNIT_PER_SECOND = 2.2369362920544  # 1 world unit = 1 m; m/s → mph
+#: (width, height) of a camera frame, as image headers declare it.
+FRAME_SIZE = (UDACITY_RAW_FRAME_SHAPE[1], UDACITY_RAW_FRAME_SHAPE[0])
+#: Most bytes a camera frame file or message may have: three times an uncompressed 320×160 RGB frame.
+MAX_FRAME_BYTES = 3 * UDACITY_RAW_FRAME_SHAPE[0] * UDACITY_RAW_FRAME_SHAPE[1] * UDACITY_RAW_FRAME_SHAPE[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: JPEG start-of-frame markers (SOF0–SOF15 but DHT C4, JPG C8 and DAC CC): their segment holds the size.
+JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+JPEG_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0–7: no length field
+
+
+def declared_frame_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) declared by a JPEG's start-of-frame or a PNG's IHDR header; None when
+    ``data`` is neither or declares no size before its image data. Nothing is decoded."""
+    if data.startswith(PNG_SIGNATURE):
+        if data[12:16] != b"IHDR" or len(data) < 24:
+            return None
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return _jpeg_size(data) if data.startswith(b"\xff\xd8") else None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """Walk a JPEG's marker segments up to its first start-of-frame (see :func:`declared_frame_size`)."""
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF or marker in JPEG_STANDALONE_MARKERS:  # a fill byte, or a marker without a length
+            at += 1 if marker == 0xFF else 2
+            continue
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if marker in JPEG_SOF_MARKERS:
+            segment = data[at + 4:at + 9]  # precision, height, width
+            return (int.from_bytes(segment[3:5], "big"), int.from_bytes(segment[1:3], "big")) if len(segment) == 5 else None
+        if length < 2 or marker in (0xD9, 0xDA):  # a broken length, end of image or start of scan before any frame
+            return None
+        at += 2 + length
+    return None
 
 
 def _number(value: float) -> str:

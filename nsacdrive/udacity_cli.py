@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -24,6 +24,8 @@ def import_recording(
     seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (episodes get seed, seed+1, …); "
                              "give disjoint ranges to import several recordings into one folder."),
     episode_length: int = typer.Option(200, "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
+    allow_outside: bool = typer.Option(False, "--allow-outside", help="Read image paths that lead outside the recording "
+                                       "folder (after .. and symlinks); refused by default."),
 ) -> None:
     """Import a Udacity simulator recording as episodes (source udacity-import) for `nsacdrive train`."""
     check_output_folder(out)
@@ -31,12 +33,12 @@ def import_recording(
     from nsacdrive.data_collection.udacity_import import import_recording as run_import
 
     try:
-        result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing), progress=True)
+        result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing, allow_outside), progress=True)
     except UdacityImportError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    for problem in result.problems:
-        typer.secho(f"skipped {problem}", fg="yellow", err=True)
+    for line in result.problems.lines():
+        typer.secho(f"skipped {line}", fg="yellow", err=True)
     typer.echo(f"imported {result.episodes} episodes ({result.steps} steps; track seeds {seed}-{seed + result.episodes - 1}; "
                f"cameras {','.join(result.cameras)}) from {result.rows} log rows ({'with' if result.header else 'no'} header, "
                f"{result.skipped_rows} skipped) → {result.out}")
@@ -52,28 +54,43 @@ def serve(
     slow_limit: float = typer.Option(10.0, "--slow-limit", help="Throttle law: the limit while over --speed-limit."),
     pedal_caution: Optional[float] = typer.Option(None, "--pedal-caution", min=0.0, help="--throttle model: gas − K·σ_gas and brake + K·σ_brake (brake where unsure)."),
     gas_caution: Optional[float] = typer.Option(None, "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
-    log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Per-frame log of predictions and uncertainty: FILE.csv → CSV, else JSON Lines "
+                                       "(a new file; see --overwrite-log)."),
+    overwrite_log: bool = typer.Option(False, "--overwrite-log", help="Replace the --log file if it exists (refused by default)."),
+    cors_origin: Optional[List[str]] = typer.Option(None, "--cors-origin", help="A browser origin allowed to connect, e.g. "
+                                                    "http://localhost:8080 (repeat or comma-separate; default: none — the simulator sends no origin)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     raw: bool = typer.Option(False, "--raw", help="Ignore the run's calibration.json (`nsacdrive calibrate`)."),
 ) -> None:
     """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
-    if log is not None:
-        check_output_file(log, "--log")
     import logging
 
     from nsacdrive.controllers.checkpoint import CheckpointError
-    from nsacdrive.eval.serve.udacity_server import FrameLog, ServeConfig, TelemetryHandler, serve
+    from nsacdrive.eval.serve.udacity_server import (
+        FrameLog,
+        ServeConfig,
+        TelemetryHandler,
+        existing_log_error,
+        parse_origins,
+        serve,
+    )
+
+    if log is not None:
+        check_output_file(log, "--log")
+        if log.exists() and not overwrite_log:
+            raise existing_log_error(log)  # before the run loads; FrameLog refuses it again atomically
 
     events = logging.StreamHandler()  # this server's events only (python-socketio stays at its quiet default)
     events.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
     logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
     try:
+        origins = parse_origins(cors_origin or [])
         handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit, pedal_caution, gas_caution), samples, raw)
     except (CheckpointError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    frame_log = FrameLog(log) if log is not None else None
+    frame_log = FrameLog(log, overwrite_log) if log is not None else None
 
     def ready() -> None:
         calibration = handler.agent.model.calibration
@@ -81,7 +98,7 @@ def serve(
         typer.echo(f"serving {run} on {host}:{port} (throttle {throttle.value}, log {log or 'off'}, {recalibrated}); Ctrl-C stops")
 
     try:
-        serve(handler, host, port, frame_log, ready)
+        serve(handler, host, port, frame_log, ready, origins)
     except ImportError as exc:
         typer.secho(f"error: {exc}; install the extra: pip install -e '.[udacity]'", fg="red", err=True)
         raise typer.Exit(2) from None

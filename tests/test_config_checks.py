@@ -131,7 +131,7 @@ def test_the_issue_examples_fail_with_one_clear_message():
         "epochs": ({"epochs": "2"}, "training config epochs must be an integer, got '2' (str)"),
         "d_model": ({"model": {"d_model": "64"}}, "model config d_model must be an integer, got '64' (str)"),
         "seed": ({"seed": 0.5}, "training config seed must be an integer, got 0.5 (float)"),
-        "max_val_batches": ({"max_val_batches": 0}, "training config max_val_batches must be >= 1, got 0"),
+        "max_val_batches": ({"max_val_batches": 0}, "training config max_val_batches must be in [1, 1000000], got 0"),
     }
     for settings, message in examples.values():
         with pytest.raises(ValueError, match=re.escape(message)):

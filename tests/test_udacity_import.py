@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 from data_fixtures import encode_raw, normalize, synthetic_arrays, write_raw_episode, write_synthetic
 from typer.testing import CliRunner
-from udacity_fixtures import PATH_STYLES, write_recording
+from udacity_fixtures import PATH_STYLES, jpeg_header, write_recording
 
 from nsacdrive.cli import app
 from nsacdrive.data_collection.dataset import dataset_roots
@@ -24,6 +25,9 @@ from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.summary import summarize
 from nsacdrive.data_collection.udacity_import import (
     CACHE_NAME,
+    MAX_FIELD_CHARS,
+    MAX_LINE_BYTES,
+    MAX_LISTED,
     ImportConfig,
     UdacityImportError,
     image_candidates,
@@ -31,6 +35,8 @@ from nsacdrive.data_collection.udacity_import import (
     read_driving_log,
     udacity_dataset,
 )
+from nsacdrive.data_collection.udacity_layout import declared_frame_size
+from nsacdrive.envs.udacity_observation import encode_jpeg
 
 
 def invoke(*args):
@@ -48,8 +54,9 @@ def episodes(folder):
 @pytest.mark.parametrize("header", [False, True])
 def test_header_is_detected_and_rows_parsed(tmp_path, header):
     rec = write_recording(tmp_path / "rec", rows=5, header=header)
-    rows, has_header = read_driving_log(rec.folder)
-    assert has_header is header
+    log, has_header = read_driving_log(rec.folder)
+    assert has_header is header and len(log) == 5
+    rows = list(log)
     assert [row.line for row in rows] == [rec.line(i) for i in range(5)]
     np.testing.assert_allclose([row.action for row in rows], rec.actions, atol=1e-6)
     np.testing.assert_allclose([row.speed for row in rows], rec.speed, atol=1e-4)
@@ -67,6 +74,54 @@ def test_malformed_lines_are_all_named(tmp_path):
     message = str(error.value)
     assert "driving_log.csv: 2 malformed line(s)" in message
     assert "line 2: 6 columns, expected 7" in message and "line 4: steering 'left-ish' is not a finite number" in message
+
+
+def _write_log(folder: Path, lines: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "driving_log.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_malformed_lines_listing_is_capped(tmp_path):
+    _write_log(tmp_path, [f"junk{i},not,a,row" for i in range(200)])
+    with pytest.raises(UdacityImportError) as error:
+        read_driving_log(tmp_path)
+    lines = str(error.value).splitlines()
+    assert lines[0] == f"{tmp_path / 'driving_log.csv'}: 200 malformed line(s):"
+    assert lines[1] == "  line 1: 4 columns, expected 7 (center, left, right, steering, throttle, brake, speed)"
+    assert lines[MAX_LISTED].startswith(f"  line {MAX_LISTED}: ")
+    assert lines[MAX_LISTED + 1:] == [f"  … and {200 - MAX_LISTED} more malformed lines"]
+
+
+def test_overlong_fields_overlong_lines_and_non_utf8_are_malformed_lines(tmp_path):
+    good = "IMG/c.jpg,,,0.1,0.5,0,10"
+    lines = [good, f"IMG/{'c' * MAX_FIELD_CHARS}.jpg,,,0,0,0,0", "x" * (MAX_LINE_BYTES + 10), good]
+    _write_log(tmp_path, lines)
+    with open(tmp_path / "driving_log.csv", "ab") as handle:
+        handle.write(b"IMG/\xff\xfe.jpg,,,0,0,0,0\n")
+    with pytest.raises(UdacityImportError) as error:
+        read_driving_log(tmp_path)
+    message = str(error.value)
+    assert "3 malformed line(s)" in message
+    assert f"line 2: field 1 has {MAX_FIELD_CHARS + 8} characters, expected at most {MAX_FIELD_CHARS}" in message
+    assert f"line 3: longer than {MAX_LINE_BYTES} bytes (expected 7 short fields)" in message
+    assert "line 5: not UTF-8 text (byte 5)" in message and "line 4" not in message
+
+
+def test_reading_the_log_streams_its_rows(tmp_path):
+    rows = 20000  # 2.5 MB of log: held as rows it would take tens of MB
+    _write_log(tmp_path, [f"IMG/center_{i:08d}_{'x' * 80}.jpg,IMG/left_{i:08d}.jpg,,0.1,0.5,0,{i % 30}" for i in range(rows)])
+    tracemalloc.start()
+    try:
+        log, header = read_driving_log(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (len(log), header, log.cameras) == (rows, False, ("center", "left")) and peak < 1_000_000
+    stream = iter(log)
+    assert next(stream).line == 1 and next(stream).speed == 1.0  # parsed again, one row at a time
+    (tmp_path / "driving_log.csv").write_text("IMG/a.jpg,,,0,0,0,0\nchanged\n")
+    with pytest.raises(UdacityImportError, match="line 2: 1 columns.*the log changed during the import"):
+        list(log)
 
 
 def test_steering_outside_the_unit_range_is_an_error_naming_every_row(tmp_path):
@@ -97,6 +152,16 @@ def test_image_candidates_handle_windows_and_foreign_paths(tmp_path):
     assert image_candidates(tmp_path, "C:\\Users\\x\\IMG\\center_1.jpg")[-1] == tmp_path / "IMG" / "center_1.jpg"
     assert image_candidates(tmp_path, " IMG/left_1.jpg") == [tmp_path / "IMG" / "left_1.jpg"]
     assert image_candidates(tmp_path, "/elsewhere/IMG/c.jpg") == [Path("/elsewhere/IMG/c.jpg"), tmp_path / "IMG" / "c.jpg"]
+
+
+def test_frame_headers_declare_their_size_without_decoding():
+    assert declared_frame_size(encode_jpeg(np.zeros((160, 320, 3), np.uint8))) == (320, 160)
+    import cv2
+
+    assert declared_frame_size(cv2.imencode(".png", np.zeros((66, 200, 3), np.uint8))[1].tobytes()) == (200, 66)
+    assert declared_frame_size(jpeg_header(12000, 12000)) == (12000, 12000)
+    for junk in (b"", b"GIF89a", b"\xff\xd8\xff\xe0" + bytes(32), jpeg_header(320, 160)[:8]):
+        assert declared_frame_size(junk) is None
 
 
 # --------------------------------------------------------------------------- importing
@@ -181,7 +246,7 @@ def test_skip_missing_leaves_out_those_rows_and_never_spans_the_gap(tmp_path):
     rec.image("center", 4).unlink()
     rec.image("right", 5).unlink()
     result = import_recording(rec.folder, tmp_path / "out", ImportConfig(skip_missing=True))
-    assert result.skipped_rows == 2 and len(result.problems) == 2
+    assert result.skipped_rows == 2 and len(result.problems) == 2 and result.problems.lines()[0].startswith("line 5, center")
     loaded = episodes(tmp_path / "out")
     # rows 0-3 (3 steps) and rows 6-11 (5 steps)
     assert [s["n_steps"] for s, _ in loaded] == [3, 5]
@@ -195,8 +260,62 @@ def test_wrong_image_size_is_a_problem(tmp_path):
 
     rec = write_recording(tmp_path / "rec", rows=3)
     cv2.imwrite(str(rec.image("center", 1)), np.zeros((80, 160, 3), dtype=np.uint8))
-    with pytest.raises(UdacityImportError, match=r"line 2, center: .* has shape \(80, 160, 3\)"):
+    with pytest.raises(UdacityImportError, match=r"line 2, center: .* is 160×80 pixels \(.*\), expected 320×160"):
         import_recording(rec.folder, tmp_path / "out")
+
+
+def test_an_image_declaring_a_huge_size_is_refused_before_decoding(tmp_path, monkeypatch):
+    import cv2
+
+    import nsacdrive.data_collection.udacity_import as module
+
+    rec = write_recording(tmp_path / "rec", rows=3, side_cameras=False)
+    rec.image("center", 1).write_bytes(jpeg_header(12000, 12000))
+    decoded, decode = [], cv2.imdecode
+    monkeypatch.setattr(module.cv2, "imdecode", lambda data, flags: decoded.append(len(data)) or decode(data, flags))
+    with pytest.raises(UdacityImportError, match=r"line 2, center: 'IMG/center_0001.jpg' is 12000×12000 pixels"):
+        import_recording(rec.folder, tmp_path / "out")
+    assert len(jpeg_header(12000, 12000)) not in decoded and len(decoded) == 2
+
+
+def _outside_recording(tmp_path: Path) -> tuple[Path, Path]:
+    """A recording whose rows 1-3 name images outside it: an existing file by ``..``, a missing one
+    by ``..``, and the existing one by absolute path; row 4's IMG file is a symlink to it."""
+    rec = write_recording(tmp_path / "rec", rows=6, side_cameras=False)
+    outside = tmp_path / "elsewhere" / "secret.jpg"
+    outside.parent.mkdir()
+    outside.write_bytes(rec.image("center", 1).read_bytes())
+    rec.image("center", 4).unlink()
+    rec.image("center", 4).symlink_to(outside)
+    lines = (rec.folder / "driving_log.csv").read_text().splitlines()
+    for row, written in ((1, "../elsewhere/secret.jpg"), (2, "../elsewhere/missing.jpg"), (3, str(outside))):
+        lines[row] = lines[row].replace(f"IMG/center_{row:04d}.jpg", written)
+    (rec.folder / "driving_log.csv").write_text("\n".join(lines) + "\n")
+    return rec.folder, outside
+
+
+def test_image_paths_outside_the_recording_are_refused_alike_whether_they_exist_or_not(tmp_path):
+    folder, outside = _outside_recording(tmp_path)
+    with pytest.raises(UdacityImportError) as error:
+        import_recording(folder, tmp_path / "out")
+    message, root = str(error.value), folder.resolve()
+    assert "4 image(s) missing or unreadable" in message
+    assert (f"line 2, center: '../elsewhere/secret.jpg' is outside the recording folder {root} and IMG/secret.jpg "
+            "is not in it (pass --allow-outside to read it)") in message
+    assert (f"line 3, center: '../elsewhere/missing.jpg' is outside the recording folder {root} and IMG/missing.jpg "
+            "is not in it (pass --allow-outside to read it)") in message  # the same words: existence is not told
+    assert f"line 4, center: '{outside}' is outside the recording folder {root} and IMG/secret.jpg is not in it" in message
+    assert (f"line 5, center: 'IMG/center_0004.jpg' is outside the recording folder {root} "
+            "(pass --allow-outside to read it)") in message  # a symlink out of the folder
+    result = import_recording(folder, tmp_path / "out", ImportConfig(skip_missing=True, allow_outside=True))
+    assert result.skipped_rows == 1 and "line 3, center: '../elsewhere/missing.jpg' not found" in str(result.problems.listed[0])
+
+
+def test_a_path_mapped_into_the_recordings_img_folder_is_inside(tmp_path):
+    rec = write_recording(tmp_path / "rec", rows=3, side_cameras=False)
+    log = rec.folder / "driving_log.csv"
+    log.write_text(log.read_text().replace("IMG/center_0001.jpg", "../../../../etc/IMG/center_0001.jpg"))
+    assert import_recording(rec.folder, tmp_path / "out").steps == 2
 
 
 def test_second_import_into_the_same_folder_needs_other_seeds(tmp_path):
@@ -236,9 +355,10 @@ def test_the_import_cache_is_rebuilt_without_the_leftovers_of_a_killed_build(tmp
     assert not [p.name for p in rec.folder.iterdir() if p.name.startswith(CACHE_NAME + ".")]
 
 
-def test_import_config_is_validated():
-    with pytest.raises(ValueError, match="episode_length must be >= 1"):
-        ImportConfig(episode_length=0)
+@pytest.mark.parametrize("length", [0, 1001, 10**12])
+def test_import_config_is_validated(length):
+    with pytest.raises(ValueError, match=rf"--episode-length must be in \[1, 1000\], got {length}"):
+        ImportConfig(episode_length=length)
 
 
 # --------------------------------------------------------------------------- command line and data info
@@ -273,6 +393,22 @@ def test_cli_lists_missing_images_and_skips_them_on_request(tmp_path):
     skipped = invoke("udacity", "import", rec.folder, "--out", tmp_path / "data", "--skip-missing")
     assert skipped.exit_code == 0, skipped.output
     assert "skipped line 2, center" in normalize(skipped.output) and "2 skipped" in normalize(skipped.output)
+
+
+def test_cli_caps_the_skipped_listing_and_reads_outside_paths_on_request(tmp_path):
+    rec = write_recording(tmp_path / "rec", rows=MAX_LISTED + 8, side_cameras=False)
+    for row in range(1, MAX_LISTED + 6):
+        rec.image("center", row).unlink()
+    skipped = invoke("udacity", "import", rec.folder, "--out", tmp_path / "data", "--skip-missing")
+    assert skipped.exit_code == 0, skipped.output
+    text = normalize(skipped.output)
+    assert text.count("skipped line ") == MAX_LISTED and "skipped … and 5 more missing or unreadable images" in text
+    folder, _ = _outside_recording(tmp_path / "outside")
+    refused = invoke("udacity", "import", folder, "--out", tmp_path / "refused")
+    assert refused.exit_code == 2 and "(pass --allow-outside to read it)" in normalize(refused.output)
+    allowed = invoke("udacity", "import", folder, "--out", tmp_path / "allowed", "--allow-outside", "--skip-missing")
+    assert allowed.exit_code == 0, allowed.output
+    assert "1 skipped" in normalize(allowed.output)
 
 
 # --------------------------------------------------------------------------- the episode format extension

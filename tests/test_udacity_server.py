@@ -8,6 +8,7 @@ a client that behaves like the old Unity simulator (raw websocket, EIO=4, never 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import math
 import queue
@@ -19,7 +20,7 @@ import pytest
 import torch
 from data_fixtures import normalize
 from run_fixtures import tiny_run
-from udacity_fixtures import camera_image, write_recording
+from udacity_fixtures import camera_image, jpeg_header, write_recording
 
 import nsacdrive.data_collection.udacity_import as udacity_import
 from bench.udacity_socket_transcript import free_port, road_picture, start_server
@@ -32,6 +33,7 @@ from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.eval.serve.udacity_server import (
     CAMERA_SHAPE,
     LOG_FIELDS,
+    MAX_IMAGE_CHARS,
     SAFE_REPLY,
     FrameLog,
     ServeConfig,
@@ -40,6 +42,9 @@ from nsacdrive.eval.serve.udacity_server import (
     camera_to_frame,
     decode_camera_image,
     encode_camera_image,
+    origin_allowed,
+    origin_gate,
+    parse_origins,
 )
 from nsacdrive.eval.serve.udacity_sim_client import SimulatorClient
 
@@ -164,8 +169,12 @@ MALFORMED = {
     "broken base64": (telemetry(image="@@not base64@@"), "not valid base64"),
     "not a JPEG": (telemetry(image=base64.b64encode(cv2.imencode(".png", np.zeros((160, 320, 3), np.uint8))[1]).decode()),
                    "not a JPEG"),
-    "truncated JPEG": (telemetry(image=base64.b64encode(b"\xff\xd8\xff\xe0" + b"\x00" * 32).decode()), "could not be decoded"),
+    "JPEG without a size": (telemetry(image=base64.b64encode(b"\xff\xd8\xff\xe0" + b"\x00" * 32).decode()),
+                            "JPEG declares no size"),
+    "undecodable JPEG": (telemetry(image=base64.b64encode(jpeg_header(320, 160)).decode()), "could not be decoded"),
     "wrong image size": (telemetry(image=_jpeg_of_size(200, 66)), "expected 320×160 pixels, got 200×66"),
+    "oversized base64": (telemetry(image="A" * (MAX_IMAGE_CHARS + 4)),
+                         f"image: {MAX_IMAGE_CHARS + 4} base64 characters, expected at most {MAX_IMAGE_CHARS}"),
 }
 
 
@@ -177,6 +186,59 @@ def test_malformed_telemetry_gets_the_safe_reply_and_a_reason(case):
     assert (reply.event, reply.data) == ("steer", SAFE_REPLY)
     assert reply.row["status"] == "safe" and reason in reply.reason
     assert agent.calls == []  # the controller never sees bad input
+
+
+def test_a_frame_declaring_a_huge_size_is_refused_without_decoding(monkeypatch):
+    def no_decoding(*args):
+        raise AssertionError("the decoder was called")
+
+    monkeypatch.setattr(cv2, "imdecode", no_decoding)
+    agent = ScriptedAgent()
+    reply = TelemetryHandler(agent).on_telemetry(telemetry(image=base64.b64encode(jpeg_header(12000, 12000)).decode()))
+    assert (reply.event, reply.data, reply.row["status"]) == ("steer", SAFE_REPLY, "safe")
+    assert reply.reason == "image: expected 320×160 pixels, got 12000×12000 (declared, not decoded)" and agent.calls == []
+
+
+def _environ(origin: str | None, host: str = "127.0.0.1:4567") -> dict[str, str]:
+    return {"wsgi.url_scheme": "http", "HTTP_HOST": host, **({"HTTP_ORIGIN": origin} if origin is not None else {})}
+
+
+@pytest.mark.parametrize("origin, host, allowed", [
+    (None, "127.0.0.1:4567", True),  # the simulator sends no Origin
+    ("http://127.0.0.1:4567", "127.0.0.1:4567", True),  # websocket-client sends the server's own
+    ("http://localhost:4567", "localhost:4567", True),
+    ("http://[::1]:4567", "[::1]:4567", True),
+    ("http://evil.example", "127.0.0.1:4567", False),  # a web page the user visits
+    ("http://evil.example:4567", "evil.example:4567", False),  # the same page with its name rebound to 127.0.0.1
+    ("null", "127.0.0.1:4567", False),
+    ("http://localhost:8080", "127.0.0.1:4567", False),
+])
+def test_only_requests_without_a_foreign_origin_pass_by_default(origin, host, allowed):
+    assert origin_allowed(_environ(origin, host), frozenset()) is allowed
+
+
+def test_cors_origins_are_parsed_and_let_through():
+    origins = parse_origins(["http://localhost:8080, https://dash.example", "http://localhost:8080"])
+    assert origins == {"http://localhost:8080", "https://dash.example"}
+    assert origin_allowed(_environ("https://dash.example"), origins) and not origin_allowed(_environ("http://evil.example"), origins)
+    for bad in ("localhost:8080", "http://host/path", "ftp://host"):
+        with pytest.raises(ValueError, match=f"--cors-origin: expected an origin like http://localhost:8080 .*got '{bad}'"):
+            parse_origins([bad])
+    statuses = []
+    gated = origin_gate(lambda environ, start_response: start_response("200 OK", []) or [b"ok"], frozenset())
+    assert gated(_environ("http://evil.example"), lambda status, headers: statuses.append(status)) != [b"ok"]
+    assert gated(_environ(None), lambda status, headers: statuses.append(status)) == [b"ok"]
+    assert statuses == ["403 Forbidden", "200 OK"]
+
+
+def test_frame_log_refuses_an_existing_file_unless_told(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text('{"epochs": 3}')
+    with pytest.raises(FileExistsError, match=f"--log: {path} already exists; pass --overwrite-log to replace it"):
+        FrameLog(path)
+    assert path.read_text() == '{"epochs": 3}'
+    FrameLog(path, overwrite=True).close()
+    assert path.read_text() == ""
 
 
 @pytest.mark.parametrize("agent, reason", [
@@ -229,14 +291,21 @@ def test_frame_log_is_flushed_per_row(tmp_path, suffix):
     (["--throttle", "pid"], "'pid' is not one of 'law', 'model'"),
     (["--speed-limit", "5"], "slow limit (10.0) <= speed limit (5.0)"),
     ([], "run folder does not exist"),
+    (["--cors-origin", "evil.example"], "--cors-origin: expected an origin like http://localhost:8080"),
+    (["--log", "{existing}"], "--log: {existing} already exists; pass --overwrite-log to replace it, or name a new file"),
+    (["--log", "{existing}", "--overwrite-log"], "run folder does not exist"),
 ])
 def test_serve_command_rejects_bad_arguments_before_serving(tmp_path, arguments, message):
     from typer.testing import CliRunner
 
     from nsacdrive.cli import app
 
+    existing = tmp_path / "history.json"
+    existing.write_text("{}")
+    arguments = [argument.format(existing=existing) for argument in arguments]
     result = CliRunner().invoke(app, ["udacity", "serve", str(tmp_path / "missing-run"), *arguments])
-    assert result.exit_code == 2 and message in normalize(result.output)
+    assert result.exit_code == 2 and message.format(existing=existing) in normalize(result.output)
+    assert existing.read_text() == "{}"
 
 
 @pytest.fixture(scope="module")
@@ -320,6 +389,19 @@ def test_python_socketio_4_client_drives_the_served_run(server):
     assert process.poll() is None
     reasons = [row["reason"] for row in log_rows(log)[-5:]]
     assert "not a JPEG" in reasons[1] and "speed: not a number" in reasons[2] and "manual" in reasons[3]
+
+
+def test_a_browser_origin_is_refused_by_the_served_run(server):
+    process, port, log = server
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/socket.io/?EIO=3&transport=polling", headers={"Origin": "http://evil.example"})
+        response = connection.getresponse()
+        assert response.status == 403 and b"origin not allowed" in response.read()
+    finally:
+        connection.close()
+    assert process.poll() is None
+    assert "refused a request from origin http://evil.example" in log.with_name(log.name + ".out").read_text()
 
 
 def test_a_simulator_like_client_gets_steer_replies(server, tmp_path):

@@ -38,6 +38,13 @@ class Recording:
         return row + 1 + int(self.header)
 
 
+def jpeg_header(width: int, height: int) -> bytes:
+    """The first bytes of a baseline JPEG declaring ``width``×``height`` pixels and nothing after:
+    a file or message that claims a picture without holding one (no decoder makes an image of it)."""
+    start_of_frame = b"\xff\xc0\x00\x11\x08" + height.to_bytes(2, "big") + width.to_bytes(2, "big") + b"\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    return b"\xff\xd8" + start_of_frame + b"\xff\xd9"
+
+
 def camera_image(row: int, camera: str) -> np.ndarray:
     """A 160×320 RGB picture: sky, a grey road trapezoid shifted per camera, colours varying by row."""
     image = np.zeros((160, 320, 3), dtype=np.uint8)

@@ -30,6 +30,13 @@ pictures: expect the protocol to work, not the car to drive well.
 Malformed telemetry (a missing or non-numeric field, broken base64, not a JPEG, a wrong image
 size) and failed or non-finite predictions get the safe reply steering "0", throttle "0", and the
 reason goes into the log row; the server never stops on them.
+
+Bounds. An image's base64 text may have at most :data:`MAX_IMAGE_CHARS` characters (checked
+before decoding it), and the JPEG must declare exactly 320×160 pixels in its start-of-frame header
+before cv2 decodes it, so a small message claiming a huge picture costs nothing. Requests that
+carry an ``Origin`` header — every browser's do, the simulator's never — are refused unless the
+origin is the server's own address given as an IP or ``localhost``, or one passed as ``origins``
+to :func:`serve`: a web page the user visits cannot drive the car or read the predictions.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import base64
 import binascii
 import csv
+import ipaddress
 import json
 import logging
 import math
@@ -46,12 +54,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import cv2
 import numpy as np
 
 from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals, gas_caution_fits
 from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.data_collection.udacity_layout import FRAME_SIZE, MAX_FRAME_BYTES, declared_frame_size
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
@@ -62,6 +72,9 @@ logger = logging.getLogger(__name__)
 #: (H, W, C) of the simulator's centre camera image, RGB: the raw frame of Udacity-kind runs.
 CAMERA_SHAPE = UDACITY_RAW_FRAME_SHAPE
 SAFE_REPLY = {"steering_angle": "0", "throttle": "0"}
+#: Most base64 characters of a telemetry image: the encoding of MAX_FRAME_BYTES bytes.
+MAX_IMAGE_CHARS = 4 * -(-MAX_FRAME_BYTES // 3)
+MAX_MESSAGE_BYTES = MAX_IMAGE_CHARS + 4096  # a polling request: the image and a few short fields
 TELEMETRY_FIELDS = ("steering_angle", "throttle", "speed", "image")
 #: Columns of the per-frame log, in order (uncertainties are variances in action units²).
 LOG_FIELDS = ("frame", "time", "status", "reason", "speed", "sim_steering_angle", "sim_throttle",
@@ -136,12 +149,19 @@ def decode_camera_image(text: Any) -> np.ndarray:
     """Base64 JPEG of the centre camera → RGB uint8 (160, 320, 3); :class:`TelemetryError` otherwise."""
     if not isinstance(text, str):
         raise TelemetryError(f"image: expected a base64 string, got {type(text).__name__}")
+    if len(text) > MAX_IMAGE_CHARS:
+        raise TelemetryError(f"image: {len(text)} base64 characters, expected at most {MAX_IMAGE_CHARS} (a 320×160 JPEG)")
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise TelemetryError("image: not valid base64") from None
     if not raw.startswith(b"\xff\xd8\xff"):
         raise TelemetryError("image: not a JPEG (no start-of-image marker)")
+    size = declared_frame_size(raw)
+    if size is None:
+        raise TelemetryError("image: JPEG declares no size (no start-of-frame header before its data)")
+    if size != FRAME_SIZE:
+        raise TelemetryError(f"image: expected {FRAME_SIZE[0]}×{FRAME_SIZE[1]} pixels, got {size[0]}×{size[1]} (declared, not decoded)")
     bgr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise TelemetryError("image: JPEG could not be decoded")
@@ -280,13 +300,17 @@ class FrameLog:
     """Per-frame log rows (:data:`LOG_FIELDS`): CSV for a ``.csv`` path, else JSON Lines.
 
     Flushed after every row, so a killed server loses nothing it answered. Non-finite numbers are
-    written as ``nan`` in CSV and ``null`` in JSON Lines (which has no NaN).
+    written as ``nan`` in CSV and ``null`` in JSON Lines (which has no NaN). An existing file is
+    replaced only with ``overwrite`` (a mistyped path must not empty a run's ``history.json``).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, overwrite: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = self.path.open("w", newline="", encoding="utf-8")
+        try:
+            self.file = self.path.open("w" if overwrite else "x", newline="", encoding="utf-8")
+        except FileExistsError:
+            raise existing_log_error(self.path) from None
         self.csv = csv.DictWriter(self.file, LOG_FIELDS) if self.path.suffix.lower() == ".csv" else None
         if self.csv is not None:
             self.csv.writeheader()
@@ -310,14 +334,66 @@ class FrameLog:
         self.close()
 
 
+def origin_allowed(environ: dict[str, Any], origins: frozenset[str]) -> bool:
+    """Whether a request may reach the server: it carries no ``Origin`` (the simulator, scripts),
+    its origin is one of ``origins``, or it is the server's own origin addressed by IP or
+    ``localhost`` (clients like websocket-client send that; a DNS name is refused there, since a
+    rebound name is how a web page would pass for the server)."""
+    origin = environ.get("HTTP_ORIGIN")
+    if origin is None or origin in origins:
+        return True
+    host = environ.get("HTTP_HOST", "")
+    return origin == f"{environ.get('wsgi.url_scheme', 'http')}://{host}" and _is_local_name(host)
+
+
+def _is_local_name(host: str) -> bool:
+    """Whether a ``Host`` header names the server by an IP address or ``localhost``, not a DNS name."""
+    try:
+        name = urlsplit(f"//{host}").hostname or ""
+        return name == "localhost" or ipaddress.ip_address(name) is not None
+    except ValueError:
+        return False
+
+
+def origin_gate(app: Callable[..., Any], origins: frozenset[str]) -> Callable[..., Any]:
+    """The WSGI ``app`` behind :func:`origin_allowed`: a refused request gets 403 and a logged reason."""
+
+    def gated(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if origin_allowed(environ, origins):
+            return app(environ, start_response)
+        logger.warning("refused a request from origin %.100s (allow it with --cors-origin)", environ["HTTP_ORIGIN"])
+        start_response("403 Forbidden", [("Content-Type", "text/plain")])
+        return [b"origin not allowed (nsacdrive udacity serve --cors-origin ORIGIN allows one)\n"]
+
+    return gated
+
+
+def existing_log_error(path: Path) -> FileExistsError:
+    """The refusal to replace an existing per-frame log."""
+    return FileExistsError(f"--log: {path} already exists; pass --overwrite-log to replace it, or name a new file")
+
+
+def parse_origins(values: list[str]) -> frozenset[str]:
+    """Browser origins from ``--cors-origin`` values (repeated or comma-separated), each
+    ``scheme://host[:port]`` as a browser sends it; ValueError naming a malformed one."""
+    origins = frozenset(origin.strip() for value in values for origin in value.split(",") if origin.strip())
+    for origin in sorted(origins):
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment:
+            raise ValueError(f"--cors-origin: expected an origin like http://localhost:8080 (scheme and host, no path), got {origin!r}")
+    return origins
+
+
 def serve(handler: TelemetryHandler, host: str = "127.0.0.1", port: int = 4567, log: FrameLog | None = None,
-          on_ready: Callable[[], None] | None = None) -> None:
+          on_ready: Callable[[], None] | None = None, origins: frozenset[str] = frozenset()) -> None:
     """Serve the simulator until interrupted (python-socketio 4.6.1 + python-engineio 3.13.2 on eventlet).
 
     ``always_connect``: the server sends the namespace CONNECT itself, before the connect handler's
     ``steer``, because the simulator never asks for it. Handlers run one at a time (the frame
-    history is sequential). Any browser origin is accepted: the simulator is not a browser, and an
-    unexpected ``Origin`` header must not refuse it.
+    history is sequential). Origins are checked by :func:`origin_gate` (``origins``: the browser
+    origins allowed besides the server's own); engineio's own check is off ("*") so that it only
+    adds CORS headers for the requests the gate let through. A polling request may carry at most
+    :data:`MAX_MESSAGE_BYTES` (eventlet caps a websocket frame at 8 MiB).
     """
     with warnings.catch_warnings():  # eventlet warns on import that it is in bugfix-only mode; pinned on purpose
         warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
@@ -325,7 +401,8 @@ def serve(handler: TelemetryHandler, host: str = "127.0.0.1", port: int = 4567, 
         import eventlet.wsgi
     import socketio
 
-    sio = socketio.Server(async_mode="eventlet", always_connect=True, async_handlers=False, cors_allowed_origins="*")
+    sio = socketio.Server(async_mode="eventlet", always_connect=True, async_handlers=False, cors_allowed_origins="*",
+                          max_http_buffer_size=MAX_MESSAGE_BYTES)
 
     @sio.on("connect")
     def _connect(sid: str, environ: dict[str, Any]) -> None:
@@ -348,4 +425,4 @@ def serve(handler: TelemetryHandler, host: str = "127.0.0.1", port: int = 4567, 
     listener = eventlet.listen((host, port), reuse_port=False)  # a second server on the port fails instead of sharing it
     if on_ready is not None:
         on_ready()
-    eventlet.wsgi.server(listener, socketio.WSGIApp(sio), log_output=False)
+    eventlet.wsgi.server(listener, origin_gate(socketio.WSGIApp(sio), origins), log_output=False)
