@@ -593,8 +593,14 @@ class _JsonObject:
         return value
 
 
+#: bounds on what policy.json may ask to build, checked before anything is allocated: far above any
+#: policy of this project, far below what would exhaust a machine's memory
+MAX_LAYERS, MAX_WIDTH, MAX_SPACE_ELEMENTS = 64, 65_536, 1 << 20
+
+
 def _layer_sizes(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value)
+    return (isinstance(value, list) and len(value) <= MAX_LAYERS
+            and all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_WIDTH for n in value))
 
 
 def _read_net_arch(obj: _JsonObject) -> list[int] | dict[str, list[int]]:
@@ -608,8 +614,8 @@ def _read_policy_kwargs(obj: _JsonObject) -> dict[str, Any]:
     """The policy constructor's keyword arguments, classes looked up by name in closed tables."""
     extractor_kwargs = obj.object("features_extractor_kwargs")
     for key, value in extractor_kwargs.data.items():
-        if not isinstance(value, (bool, int, float, str)):
-            raise extractor_kwargs.error(key, "a number, string or true/false")
+        if not isinstance(value, (bool, int, float, str)) or (isinstance(value, (int, float)) and not abs(value) <= MAX_WIDTH):
+            raise extractor_kwargs.error(key, f"a number of at most {MAX_WIDTH}, a string or true/false")
     return {
         "net_arch": _read_net_arch(obj),
         "activation_fn": _activations()[obj.choice("activation_fn", _ACTIVATIONS)],
@@ -644,8 +650,8 @@ def _read_numbers(obj: _JsonObject, name: str, shape: tuple[int, ...], bound: bo
 
 def _read_box(obj: _JsonObject) -> gym.spaces.Box:
     shape_list = obj.get("shape", list, "a list of positive sizes")
-    if not _layer_sizes(shape_list) or not shape_list:
-        raise obj.error("shape", "a non-empty list of positive sizes")
+    if not _layer_sizes(shape_list) or not shape_list or math.prod(shape_list) > MAX_SPACE_ELEMENTS:
+        raise obj.error("shape", f"a non-empty list of positive sizes of at most {MAX_SPACE_ELEMENTS} elements in all")
     shape = tuple(shape_list)
     dtype = obj.choice("dtype", _SPACE_DTYPES)
     low, high = (_read_numbers(obj, name, shape, bound=True) for name in ("low", "high"))

@@ -391,6 +391,11 @@ BAD_EXPORTS = {
                  r"policy\.safetensors: tensor 'action_net\.weight' is torch\.float32 \[2, 256\], "
                  r"the architecture in policy\.json needs torch\.float32 \[2, 64\]"),
     "obs-shape": (_set("observation_space", "shape", [7]), r"observation_space shape \[7\] does not match obs='state'"),
+    "huge-space": (_set("observation_space", "shape", [100_000, 100_000]),  # refused before 80 GB of bounds are made
+                   r"field 'observation_space\.shape' must be a non-empty list of positive sizes of at most 1048576 elements"),
+    "huge-layer": (_set("policy", "net_arch", [10**9]), r"field 'policy\.net_arch' must be a list of layer sizes"),
+    "huge-extractor": (_set("policy", "features_extractor_kwargs", {"features_dim": 10**9}),
+                       r"field 'policy\.features_extractor_kwargs\.features_dim' must be a number of at most 65536"),
     "action-shape": (lambda folder: _rewrite_json(folder, lambda data: data["action_space"].update(shape=[3], low=-1, high=1)),
                      r"action_space shape \[3\] does not match pedal_action=True"),
     "bounds": (_set("action_space", "low", "minus one"), r"field 'action_space\.low' must be a number or a list of 2 numbers"),
