@@ -54,6 +54,9 @@ class Range:
 AT_LEAST_ONE = Range(1)
 #: a count of epochs, batches, samples or frames: at least one, and far below what a loop, a slice or memory could take
 COUNT = Range(1, 1_000_000)
+#: a network's width (channels, features, heads, members, draws, depth): a run folder's config from
+#: someone else must not make a model that cannot fit in memory before its weights are checked
+WIDTH = Range(1, 4096)
 NON_NEGATIVE = Range(0)
 POSITIVE = Range(0, low_open=True)
 UNIT_INTERVAL = Range(0, 1)

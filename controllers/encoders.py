@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nsacdrive.common.config_checks import AT_LEAST_ONE, check_fields
+from nsacdrive.common.config_checks import WIDTH, check_fields
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE
 from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE
 
@@ -42,7 +42,7 @@ class EncoderConfig:
     channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" and "cnn-grid" only
 
     def __post_init__(self) -> None:
-        check_fields(self, "encoder", {"token_dim": AT_LEAST_ONE, "channels": AT_LEAST_ONE})
+        check_fields(self, "encoder", {"token_dim": WIDTH, "channels": WIDTH})
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
         if ENCODERS[self.kind].GROUP_NORM and any(c % GROUPS for c in self.channels[:2]):

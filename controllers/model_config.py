@@ -6,10 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nsacdrive.common.config_checks import (
-    AT_LEAST_ONE,
     NON_NEGATIVE,
     POSITIVE,
     UNIT_INTERVAL,
+    WIDTH,
     Range,
     check_fields,
     config_from_dict,
@@ -28,7 +28,7 @@ from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, camera_fov_for,
 #: the numbers ModelConfig's numeric fields may take (their types come from the annotations)
 RANGES = {
     **dict.fromkeys(("d_model", "num_heads", "topk", "train_samples", "predict_samples", "members", "sde_depth", "levy_frames"),
-                    AT_LEAST_ONE),
+                    WIDTH),
     **dict.fromkeys(("bn_std", "lambda_reg", "epistemic_margin", "evidential_coeff", "sde_sigma_max"), NON_NEGATIVE),
     "levy_window": POSITIVE,
     "levy_sharpness": Range(0, MAX_SHARPNESS, low_open=True),

@@ -29,7 +29,7 @@ from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
-from nsacdrive.common.config_checks import AT_LEAST_ONE, POSITIVE, check_fields
+from nsacdrive.common.config_checks import POSITIVE, WIDTH, Range, check_fields
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
@@ -153,6 +153,8 @@ def write_index(out: Path, layout: str) -> None:
         write_manifest(out)
 
 
+#: the longest recorded episode: its frames are held in memory until it is written (CarRacing's horizon is 1,000)
+MAX_STEPS = Range(1, 100_000)
 #: the largest action-noise std: actions live in [-1, 1], so more is noise, not a demonstration
 MAX_NOISE = 2.0
 
@@ -414,7 +416,7 @@ class CollectConfig:
     FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
 
     def __post_init__(self) -> None:
-        check_fields(self, "collect config", {"max_steps": AT_LEAST_ONE, "workers": AT_LEAST_ONE, "side_offset": POSITIVE,
+        check_fields(self, "collect config", {"max_steps": MAX_STEPS, "workers": WIDTH, "side_offset": POSITIVE,
                                               "camera_fov": HORIZONTAL_FOV})
         if self.side_offset != DEFAULT_SIDE_OFFSET and self.env != "udacity-style":
             raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")

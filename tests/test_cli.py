@@ -638,3 +638,14 @@ def test_resume_removes_what_a_killed_write_left_in_the_run_folder(tmp_path):
     result = invoke(*args, "--resume")
     assert result.exit_code == 0, result.output
     assert not stale.exists()
+
+
+def test_a_run_whose_config_asks_for_a_giant_model_is_refused_before_it_is_built(loadable_run, tmp_path):
+    run = _copy(loadable_run, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["d_model"] = 10**9  # 10^18 attention weights: refused before any is allocated
+    (run / "config.json").write_text(json.dumps(config))
+    result = invoke("eval", run, "--seeds", "1000", "--out", tmp_path / "eval")
+    assert result.exit_code == 2
+    assert "model config d_model must be in [1, 4096], got 1000000000" in normalize(result.output)
+    assert not (tmp_path / "eval").exists()

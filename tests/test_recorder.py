@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -308,11 +309,16 @@ def test_collect_validates_before_creating_anything(tmp_path):
         collect(CollectConfig(agent="expert", seeds=[0], colour_presets=["default", "neon"], max_steps=10), tmp_path / "a", progress=False)
     with pytest.raises(ValueError, match="--agent: unknown agent 'pilot'"):
         collect(CollectConfig(agent="pilot", seeds=[0], max_steps=10), tmp_path / "b", progress=False)
-    with pytest.raises(ValueError, match="collect config workers must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=re.escape("collect config workers must be in [1, 4096], got 0")):
         collect(CollectConfig(agent="expert", seeds=[0], max_steps=10, workers=0), tmp_path / "c", progress=False)
     with pytest.raises(ValueError, match=r"collect config seeds: listed twice in \[0, 0\]"):
         CollectConfig(agent="expert", seeds=[0, 0])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_episode_longer_than_memory_allows_is_refused():
+    with pytest.raises(ValueError, match=re.escape("collect config max_steps must be in [1, 100000], got 1000000000")):
+        CollectConfig(agent="expert", seeds=[0], max_steps=10**9)
 
 
 @pytest.mark.parametrize("sigma", [-0.1, math.inf, math.nan, 2.5, "0.1", True])
