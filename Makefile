@@ -8,7 +8,7 @@ export SDL_VIDEODRIVER ?= dummy
 export SDL_AUDIODRIVER ?= dummy
 export PYGAME_HIDE_SUPPORT_PROMPT = 1
 
-.PHONY: install browser demo lint test test-fast bench bench-deps clean
+.PHONY: install browser demo lint docs test test-fast bench bench-deps clean
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The docs site (MkDocs + Material) into site/; --strict: a broken link or a missing page fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 test: install lint browser
 	$(PY) -m pytest -n 2 -q --durations=10
 
@@ -73,4 +77,4 @@ bench: install bench-deps
 	$(PY) -m bench.targets
 
 clean:
-	rm -rf data/demo runs/demo-nsac runs/demo-dagger runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results .pytest_cache
+	rm -rf data/demo runs/demo-nsac runs/demo-dagger runs/demo-offline runs/demo-closed-loop runs/demo-report bench/results site .pytest_cache

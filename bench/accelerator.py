@@ -4,7 +4,7 @@
   CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, in float32 and with the encoder
   in bfloat16 (``precision: bfloat16``), and seconds per step of the
   front-camera recipe (``configs/front-camera.json``: NVIDIA encoder, batch 32, twins for a
-  quarter; issue 19's target ≤ 0.3 s), each batch arriving as the data pipeline makes it (uint8,
+  quarter; target ≤ 0.3 s), each batch arriving as the data pipeline makes it (uint8,
   moved to the device, scaled there) and perturbed as the recipe says, on the CPU (one thread)
   and on CUDA;
 * control: one lockstep prediction for B episodes (newest frame encoded, tokens gathered from
@@ -13,7 +13,7 @@
   on freshly recorded front-camera episodes, its batches gathered and augmented on the host's CPU
   while the GPU trains on the previous one (``Trainer.prefetch``).
 
-Without a CUDA device it says so, records ``"cuda": null`` and stops (issue 19: run it whenever
+Without a CUDA device it says so, records ``"cuda": null`` and stops (run it whenever
 a machine with a GPU is available). Usage: ``python -m bench.accelerator [--quick]``.
 """
 

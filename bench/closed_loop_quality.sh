@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Closed-loop quality (issue 16's tables): NSAC, Lévy attention, GMLE and MC-Dropout trained by
+# Closed-loop quality: NSAC, Lévy attention, GMLE and MC-Dropout trained by
 # behaviour cloning on the same data, NSAC then improved by one DAgger round, all driving seed 42
 # and 1000-1009 under default colours and three perturbation presets (never trained on: training
 # uses default colours + colour augmentation), then once more with pedal caution 0.5. All read the

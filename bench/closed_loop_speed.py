@@ -17,12 +17,12 @@ prediction is computed (:class:`nsacdrive.eval.inference.InferenceProcess`, ``--
 env step + reading the speed + controller, nothing else. The double-buffered loop uses a second
 core for the controller; the inline rows show what the controller costs on the env's core.
 Stepping B envs round-robin is itself slower than one env (each has its own Box2D world and
-frame buffers, so caches are cold), which is why every loop gets its own baseline. Target
-(issue 6): with the controller in the loop ≥ 85 % of the env-alone rate. Then the whole
+frame buffers, so caches are cold), which is why every loop gets its own baseline. Target:
+with the controller in the loop ≥ 85 % of the env-alone rate. Then the whole
 evaluator (privileged state, expert labels and the per-step log on top), inline and
 double-buffered, with its time per env step split into env step, controller, privileged state,
 expert label and the rest; and ``nsacdrive eval`` with 1 and 2 workers against 2 × one env alone
-(issue 19's target, ≥ 70 %), with the share of its time that is start-up (the same evaluation of
+(target ≥ 70 %), with the share of its time that is start-up (the same evaluation of
 one-step episodes) and the rate beyond it, next to the ceiling a free controller and evaluator would
 leave: B envs alone in lockstep against one env alone, and the highest share that 2 workers can reach
 on 2 cores with this controller (:func:`one_core_per_worker_bound`). The process's worker fork server is started
@@ -95,7 +95,7 @@ class ReEncodingAgent(ControllerAgent):
         return self.last_prediction
 
 
-EVALUATOR_TARGET = 0.70  # issue 19: the whole evaluator on 2 workers at ≥ 70 % of 2 × one env's steps/s
+EVALUATOR_TARGET = 0.70  # the whole evaluator on 2 workers at ≥ 70 % of 2 × one env's steps/s
 #: the phases every evaluator step must pay beyond the env's own step (the log and cache effects aside)
 UNAVOIDABLE_PHASES = ("controller", "privileged state", "expert label")
 
@@ -231,7 +231,7 @@ PHASES = (("env step and frame", NsacCarRacing, "step"), ("controller", Controll
 def evaluator_phases(run: Path, batch: int) -> dict[str, float]:
     """Microseconds per env step of each of :data:`PHASES` in the whole evaluator, inline, on one
     lockstep group of ``batch`` episodes, and of the rest: where the loop's time goes beyond stepping
-    and predicting (issue 19). Each phase is wrapped by a timer for this run only."""
+    and predicting. Each phase is wrapped by a timer for this run only."""
     keys = [EpisodeKey(str(run), "default", 42 + k, 0) for k in range(batch)]
     with timed_calls(PHASES) as spent:
         start = time.perf_counter()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The eight models compared offline over three training seeds (issue 17's comparison): clean test
+# The eight models compared offline over three training seeds: clean test
 # tracks and the held-out corruption suite (13 families at severities 1, 3, 5), raw and recalibrated.
 # Data: expert laps on tracks 0-59, clean and with executed-action noise 0.2 (the quality data;
 # split 48/6/6 tracks). Budget per run: configs/compare.json (the quality recipe's settings with

@@ -1,5 +1,5 @@
 """The 8-model comparison in a few rows: clean test tracks and the corruption suite, per model,
-mean ± std over its training seeds (issue 17's targets), from ``evaluate-offline``'s offline.json.
+mean ± std over its training seeds, from ``evaluate-offline``'s offline.json.
 
     python -m bench.compare_summary runs/cmp-offline/offline.json [MORE.json ...] [--action steer]
 
@@ -23,7 +23,7 @@ import numpy as np
 from bench.common import spread_cell
 from nsacdrive.envs.corruptions import parse_corruptions
 
-#: a corruption that at least multiplies the clean MSE by this is harmful (issue 17)
+#: a corruption that at least multiplies the clean MSE by this is harmful
 HARM_RATIO = 2.0
 #: the OOD targets are set at this severity and above
 OOD_SEVERITY = 3

@@ -6,7 +6,7 @@
 * frame store, first epoch — batches gathered whole (``__getitems__``), each episode decoded
   once and written as a memory-mapped uint8 file;
 * frame store, later epochs — the files are mapped: one fancy-index copy per episode in a batch.
-  Issue 19's target: ≥ 20,000 samples/s, so an accelerator is not starved;
+  Target: ≥ 20,000 samples/s, so an accelerator is not starved;
 * scaling the uint8 batch to float32 on the CPU, for reference (on an accelerator it happens there).
 
 Batches of 64 from :class:`EpisodeGroupedSampler`, one process, one torch thread; peak anonymous

@@ -11,7 +11,7 @@ are paired by (colour preset, corruption, track seed, repeat). *Nominal* episode
 episodes without → with, the share prevented, laps finished on the shifted episodes, the nominal
 lap time with against without (laps finished both ways), and the share of nominal steps under
 the fallback (for ``expert``: interventions) and of shifted steps (how much of the shifted
-driving the fallback did rather than the controller). Then mean ± std (ddof 0) over the seeds: issue 18's
+driving the fallback did rather than the controller). Then mean ± std (ddof 0) over the seeds: the
 targets are ≥ 80 % prevented, ≤ 5 % lap-time loss and ≤ 2 % interventions on nominal laps.
 """
 

@@ -4,7 +4,7 @@ The expert drives a track render-free; at sampled steps the SAME state is drawn 
 camera (centre only, and all three cameras) and by the fast 96×96 CarRacing renderer, each
 timed on one core. Env throughput (physics + drawing per step) is measured by replaying the
 expert's actions in each env; the centre-camera env and the same env render-free alternate, and
-the median of their paired ratios is issue 19's pixel-env share for the front camera (≥ 40 %).
+the median of their paired ratios is the pixel-env share for the front camera (≥ 40 %).
 
 Usage: ``python -m bench.front_camera [--quick]`` (part of ``make bench``).
 """
@@ -59,7 +59,7 @@ def draw_rates(seeds: list[int], steps: int, every: int) -> dict[str, float]:
 def env_rates(steps: int, pairs: int) -> dict[str, object]:
     """Env steps/s replaying the same expert actions: the front-camera env (centre camera) and the
     same env render-free alternate ``pairs`` times, the camera env's share of render-free being
-    issue 19's pixel-env ratio for the front camera (target as CarRacing's); the env with side
+    the pixel-env ratio for the front camera (target as CarRacing's); the env with side
     cameras and CarRacing with its fast renderer once each."""
     env = make_udacity_style(render_observations=False, max_episode_steps=steps)
     actions = [step.executed for step in drive(env, PurePursuitExpert(), seed=0)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Misbehaviour monitors and the expert fallback for one calibrated run (issue 18's protocol):
+# Misbehaviour monitors and the expert fallback for one calibrated run:
 # fitting laps on tracks 1010-1020, nominal laps on 42 and 1000-1009 (clean), the same tracks under
 # the random colour preset and under twelve corruptions (background texture, camera roll, lens dirt
 # at severities 3-5; fog, Gaussian noise and JPEG at 5); `nsacdrive monitor` on them; then the same

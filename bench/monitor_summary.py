@@ -7,7 +7,7 @@ figure is read per seed first (frame AUROC/AUPRC, the curvature-stratified AUROC
 precision at ``--window`` seconds, the median lead inside the longest window, the share of
 alarming windows on shifted episodes that have not failed yet), then mean ± std (ddof 0) over the
 seeds. Prints one table per model and one side-by-side table of the scores every model has
-(issue 18: NSAC's uncertainty against MC-Dropout, ensemble and no-uncertainty monitors).
+(NSAC's uncertainty against MC-Dropout, ensemble and no-uncertainty monitors).
 """
 
 from __future__ import annotations

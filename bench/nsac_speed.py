@@ -8,8 +8,8 @@
    the speed input and NSAC head): deterministic = one noise-free pass; with uncertainty =
    ``Controller.predict`` with S = 20 and the feature-density score attached, as every
    closed-loop step of a calibrated run computes it — over the tokens, and over the tokens and
-   every convolution's channel statistics (``calibrate --density-source tokens+conv``). Target
-   (issue 17): ≤ 1.5×.
+   every convolution's channel statistics (``calibrate --density-source tokens+conv``). Target:
+   ≤ 1.5×.
 2. NSAC layer forward+backward vs torch-nac 0.0.2's OUWrap at d = 64, H = 16, K = 8 on
    (B = 64, T = 4) and (B = 8, T = 256), if torch-nac is installed (``make bench`` tries
    ``pip install --no-deps torch-nac==0.0.2 ncps==1.0.1``; it is never vendored). Both our

@@ -3,7 +3,7 @@
 Speed: the same 600 expert actions replayed through gymnasium's registry (``nsacdrive/CarRacing-v3``)
 in a stock-renderer env, a fast-renderer env and a render-free env (one core). The fast and
 render-free replays alternate, several times, each in a fresh env: the pixel env's share of
-render-free physics is the median of the paired ratios (issue 19's target: ≥ 40 %), so a load
+render-free physics is the median of the paired ratios (target: ≥ 40 %), so a load
 spike on a shared machine lands on both sides of a pair. Then where a pixel env step's time goes, part
 by part (:func:`render_phases`), next to the time the frame may take for the target to be met.
 Fidelity: expert episodes on 20 track seeds cycling through several colour presets; at every
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIDELITY_PRESETS = ("default", "shift-3", "random", "color-v0", "shift-5")
 
 
-PIXEL_SHARE_TARGET = 0.40  # issue 19: the pixel env at ≥ 40 % of render-free physics steps/s
-FIDELITY_TARGET = 1.0  # issue 19: mean |fast − stock| ≤ 1/255 after the zoom-in
+PIXEL_SHARE_TARGET = 0.40  # the pixel env at ≥ 40 % of render-free physics steps/s
+FIDELITY_TARGET = 1.0  # mean |fast − stock| ≤ 1/255 after the zoom-in
 
 
 def replay_speed(actions: list[np.ndarray], seed: int, pairs: int) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Issue 19's throughput targets: each measured figure next to its target, met or not.
+"""The throughput targets: each measured figure next to its target, met or not.
 
 Reads what the other bench scripts saved under ``bench/results/`` (``make bench`` runs them first
 and this last); a figure whose script has not run says so, and one read from a ``--quick`` run
@@ -103,7 +103,7 @@ def main() -> None:
         rows.append((target.label, f"{figure:>16}   target {relation} {target.show(target.goal):<9} {outcome}"))
     figure, outcome = accelerator_row()
     rows.append(("4. training and control on a GPU (bench.accelerator)", f"{figure}: {outcome}"))
-    print_table("issue 19's throughput targets (figures from bench/results/)", rows)
+    print_table("throughput targets (figures from bench/results/)", rows)
 
 
 if __name__ == "__main__":

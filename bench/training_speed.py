@@ -6,17 +6,17 @@
 * control: latency of ``ControllerAgent``-style prediction for one new frame (preprocess +
   encoder over the T-frame window + head), deterministic (1 draw) vs with uncertainty
   (the model's own number of draws, batched inside the head). Target: ≤ 10 ms per step;
-* NSAC training, before issue 19 against now: samples/s of the demo recipe's model at batch 64
+* NSAC training, before the throughput work against now: samples/s of the demo recipe's model at batch 64
   with perturbed twins for the whole batch and glibc's default heap (before) and with the recipe's
   twin fraction and freed memory kept (``nsacdrive.common.heap``; now), plus each change alone,
   the recipe's earlier quarter of twins, and now with the encoder's convolutions in bfloat16
   (``precision: bfloat16``, fast on CPUs with AMX tiles); every variant in its own process (the heap
-  setting is process-wide), variants alternated round by round (issue 19's target: ≥ 2×);
+  setting is process-wide), variants alternated round by round (target: ≥ 2×);
 * the front-camera step: seconds per batch of 32 of ``configs/front-camera.json``'s model (NVIDIA
   encoder on 66×200 YUV frames, twins for a quarter), the encoder fed channels-last frames (what
   it does) against the default layout, steps alternated, and on one thread against all cores;
   then the whole step of a real ``nsacdrive train`` on freshly recorded front-camera episodes (its
-  batches gathered and augmented as the trainer does, all cores; issue 19's target: ≤ 0.3 s);
+  batches gathered and augmented as the trainer does, all cores; target: ≤ 0.3 s);
 * memory: peak resident memory of the demo training (``configs/demo.json``, one epoch, on
   ``data/demo`` when present), sampled with psutil. Target: ≤ 4 GB.
 
@@ -71,7 +71,7 @@ def training_speed(model: str, batch: int, repeats: int) -> float:
 
 
 #: (twin fraction, keep freed memory, the encoder's precision; None: the demo recipe's fraction):
-#: before issue 19, each change alone, the recipe now, the recipe's earlier quarter, and now in bfloat16
+#: before the throughput work, each change alone, the recipe now, the recipe's earlier quarter, and now in bfloat16
 NSAC_VARIANTS = {"before": (1.0, False, "float32"), "twins": (None, False, "float32"), "heap": (1.0, True, "float32"),
                  "now": (None, True, "float32"), "quarter": (0.25, True, "float32"), "bfloat16": (None, True, "bfloat16")}
 
@@ -200,9 +200,9 @@ def main() -> None:
     for r in rows:
         print(f"{r['model']:<12}{r['train_samples_per_s']:>17.0f}{r['deterministic_ms']:>19.2f}{r['uncertainty_ms']:>19.2f}{r['samples']:>7}")
     nsac = nsac_before_and_now(2 if args.quick else 4, 4 if args.quick else 10)
-    names = {"before": "all twins, glibc's default heap (before issue 19)", "twins": f"twins for {nsac['recipe_twin_fraction']:g} (the demo recipe's)",
+    names = {"before": "all twins, glibc's default heap (before the throughput work)", "twins": f"twins for {nsac['recipe_twin_fraction']:g} (the demo recipe's)",
              "heap": "all twins, freed memory kept", "now": f"twins for {nsac['recipe_twin_fraction']:g}, freed memory kept (now)",
-             "quarter": "twins for 0.25 (the recipe until 2026-12-04), freed memory kept",
+             "quarter": "twins for 0.25 (the earlier recipe), freed memory kept",
              "bfloat16": f"now, the encoder in bfloat16 (AMX tiles on this CPU: {'yes' if nsac['amx'] else 'no'})"}
     print("\nNSAC training, demo recipe's model, batch 64, one thread (each variant in its own process, rounds alternated)")
     for name, label in names.items():

@@ -133,7 +133,7 @@ class GridEncoder(PerFrameEncoder):
 
     With one token per frame an attention head mixes T nearly identical frame tokens, so the
     spread of its output over attention noise is structurally near zero (NSAC's epistemic
-    collapse, issue 17); grid tokens give it places in the picture to choose between."""
+    collapse); grid tokens give it places in the picture to choose between."""
 
     LAST_CONV_INDEX = 6
     GROUP_NORM = True

@@ -9,7 +9,7 @@ NSAC objective (docs/nsac.md#training-objective), with S draws (μ_s, ℓ_s) on 
 
 The regulariser pushes the Monte-Carlo spread down on data and up on perturbed inputs. The
 published ratio is minimised by zero spread on data whatever the spread off it, and NSAC's
-epistemic collapses under it (ψ → 0, issue 17). ``regulariser="hinge"`` asks instead for a margin
+epistemic collapses under it (ψ → 0). ``regulariser="hinge"`` asks instead for a margin
 per sequence and its perturbed twin, with r = √(mean over outputs of Var_s(μ_s)) the RMS spread:
 
     L_reg = mean_b max(0, m − (r_ood,b − r_id,b))     (m = ``margin``, in action units)

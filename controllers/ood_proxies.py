@@ -1,8 +1,8 @@
 """Out-of-distribution proxies for NSAC's epistemic regulariser: perturbed twins of a training batch.
 
 The regulariser needs inputs the controller should be unsure about. Pixel noise (``noise``, the
-published proxy) barely moves a trained encoder's tokens, so there is little to separate
-(issue 17). ``proxies`` draws, per sequence, one of three families that are held out of both
+published proxy) barely moves a trained encoder's tokens, so there is little to separate.
+``proxies`` draws, per sequence, one of three families that are held out of both
 the training colour augmentation and the evaluation corruption suite (``nsacdrive env
 corruptions``), so the suite still measures generalisation rather than memorised corruptions:
 

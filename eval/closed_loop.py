@@ -119,7 +119,7 @@ class DriveConfig:
     monitor_smooth: int = 10
     monitor_warmup: int = FPS
     fallback: str = "none"
-    fallback_steps: int = FPS // 10  # 0.1 s: met issue 18's fallback target on 3 seeds where 1 s over-intervened on nominal laps
+    fallback_steps: int = FPS // 10  # 0.1 s: met the fallback target on 3 seeds where 1 s over-intervened on nominal laps
     fallback_speed: float = 30.0
     device: str = "cpu"
 

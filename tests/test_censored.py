@@ -1,4 +1,4 @@
-"""The censored-Gaussian pedal likelihood (issue 17, item 7): moments, likelihood, heads and scores."""
+"""The censored-Gaussian pedal likelihood: moments, likelihood, heads and scores."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""NSAC's hinge regulariser and the held-out OOD proxies of its perturbed twins (issue 17, item 4b)."""
+"""NSAC's hinge regulariser and the held-out OOD proxies of its perturbed twins."""
 
 from __future__ import annotations
 
