@@ -9,7 +9,7 @@
 # Data: expert laps on tracks 0-59, clean and with executed-action noise 0.2 (labels clean).
 #
 # One training seed per call: SEED=1 bash bench/closed_loop_quality.sh (default 0; runs are named
-# runs/qs-MODEL-sSEED; the DAgger round keeps its own seed 0, as in the README's tables).
+# runs/qs-MODEL-sSEED; the DAgger round keeps its own seed 0, as in the results tables).
 # Every step resumes; about 1.5 h of CPU on 2 cores per seed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

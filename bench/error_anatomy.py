@@ -1,5 +1,5 @@
 """Where a corruption's steering errors sit (straights or bends) and how each per-frame signal ranks
-them: the probe behind the README's account of the camera roll.
+them: the probe behind the engineering notes' account of the camera roll.
 
     python -m bench.error_anatomy runs/cmp/nsac-s0 --data data/quality --condition camera-tilt-5
 

@@ -1,4 +1,4 @@
-"""Closed-loop results across training seeds, as the README's tables give them: laps per seed,
+"""Closed-loop results across training seeds, as the results tables give them: laps per seed,
 then mean ± std over the seeds, per run recipe, condition and action setting.
 
     python -m bench.seed_table EVAL_DIR... [--tracks 42,1000-1009]

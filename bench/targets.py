@@ -52,7 +52,7 @@ TARGETS = (
            lambda r: r["evaluator_two_core_bound"], EVALUATOR_TARGET, True, share, ("within reach", "out of reach")),
     Target("3. NSAC training samples/s, now / before (bench.training_speed)", "training_speed",
            lambda r: r["nsac_before_and_now"]["speedup"], TRAINING_SPEEDUP_TARGET, True, lambda v: f"{v:.2f}×"),
-    Target("   the same, opt-in `precision: bfloat16` (recipes stay float32; README)", "training_speed",
+    Target("   the same, opt-in `precision: bfloat16` (recipes stay float32; docs/guide/train.md)", "training_speed",
            lambda r: r["nsac_before_and_now"]["bfloat16_speedup"], TRAINING_SPEEDUP_TARGET, True, lambda v: f"{v:.2f}×"),
     Target("   data pipeline, 4-frame sequences/s (bench.data_pipeline)", "data-pipeline",
            lambda r: r["store_later_epochs"], TARGET_SAMPLES_PER_S, True, lambda v: f"{v:,.0f}"),

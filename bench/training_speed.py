@@ -213,7 +213,7 @@ def main() -> None:
     low, high = nsac["bfloat16_speedup_range"]
     print(f"  now in bfloat16 / before: {nsac['bfloat16_speedup']:.2f}× (rounds {low:.2f}–{high:.2f}×): "
           f"{'met' if nsac['bfloat16_speedup'] >= TRAINING_SPEEDUP_TARGET else 'not met'} by the opt-in `precision: bfloat16` "
-          "(the recipes train in float32: README, Training precision)")
+          "(the recipes train in float32: docs/guide/train.md, Training precision)")
     front = front_camera_step(repeats + 2, cores)
     print(f"\nfront-camera training step (configs/front-camera.json, batch {front['batch']}; target ≤ {FRONT_CAMERA_TARGET_S} s): "
           f"{front['channels_last_s']:.2f} s channels-last, {front['default_layout_s']:.2f} s default layout "

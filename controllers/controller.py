@@ -4,7 +4,7 @@ Optionally (``speed_input``) each frame's token also carries the car's measured 
 at that frame — the speedometer a real car has and CarRacing's HUD shows (the HUD is cropped
 from the frames, see :func:`envs.preprocess_observation`). Without it the pedals must be
 inferred from frame-to-frame motion alone, and closed-loop speed control is where behaviour
-cloning fails (README, *Closed-loop results*): speed is what the conditional imitation
+cloning fails (docs/engineering-notes.md, *Closed-loop results*): speed is what the conditional imitation
 learning line of work (Codevilla et al. 2018) feeds beside the camera for the same reason.
 
 Encoders may emit several tokens per frame (``TOKENS_PER_FRAME`` K, frame-major: the NVIDIA

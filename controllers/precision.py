@@ -1,6 +1,6 @@
 """Training precision: float32, or the encoders' convolutions in bfloat16 where that is faster.
 
-Three quarters of a CarRacing training step are the encoder's convolutions (README, Benchmarks).
+Three quarters of a CarRacing training step are the encoder's convolutions (docs/engineering-notes.md, *Benchmarks*).
 With ``TrainConfig.precision = "bfloat16"`` they run under :func:`torch.autocast`: inputs and
 weights rounded to bfloat16, products accumulated in float32, the weights, their gradients, the
 optimiser, the attention head and the loss in float32, and the tokens handed on as float32.
@@ -36,7 +36,7 @@ def cpu_has_amx_tiles() -> bool:
 def slow_precision(precision: str, device: torch.device) -> str | None:
     """Why ``precision`` would train slower than float32 on ``device``, or None. bfloat16
     convolutions are fast on GPUs that support bfloat16 and on CPUs with AMX tiles; elsewhere they
-    are emulated (1.2–2.5× slower than float32 on an AVX-512 CPU without AMX, README)."""
+    are emulated (1.2–2.5× slower than float32 on an AVX-512 CPU without AMX; docs/guide/train.md)."""
     if precision == "float32":
         return None
     if device.type == "cuda":

@@ -62,7 +62,7 @@ class TrainConfig:
     cache_episodes: int = 8
     seed: int = 0
     device: str = "auto"
-    precision: str = "float32"  # the encoder's convolutions in training: float32 | bfloat16 (autocast; README: when it pays)
+    precision: str = "float32"  # the encoder's convolutions in training: float32 | bfloat16 (autocast; docs/guide/train.md: when it pays)
     init_from: str | None = None  # a run folder whose best weights initialise this run (fine-tuning, DAgger)
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ ReduceLROnPlateau schedule and early stopping; the best weights are ``model.safe
 ``ema_decay`` the weights validated and published are the exponential moving average of the
 trained weights over the optimiser's steps (Polyak averaging, :class:`torch.optim.swa_utils.AveragedModel`):
 late in training single steps move a heavy-tailed validation NLL by more than a plateau's
-worth, and the average moves far less (on Lévy's quality recipe it did not change the laps; README).
+worth, and the average moves far less (on Lévy's quality recipe it did not change the laps; docs/engineering-notes.md).
 
 Determinism and exact resume: every source of randomness of epoch e (sampler order,
 augmentation, perturbation, MC draws, dropout) is seeded from (seed, e), and the state saved

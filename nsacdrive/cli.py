@@ -52,7 +52,7 @@ Split = choice("Split", OFFLINE_SPLITS)
 DensitySource = choice("DensitySource", DENSITY_SOURCES)
 Precision = choice("Precision", PRECISION_NAMES)
 PRECISION_HELP = ("The encoders' convolutions in training (overrides the config file): bfloat16 is faster on CPUs with AMX "
-                  "tiles and on GPUs, slower elsewhere; the run drives in float32 either way (README: Training precision).")
+                  "tiles and on GPUs, slower elsewhere; the run drives in float32 either way (docs/guide/train.md: Training precision).")
 PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 
@@ -380,7 +380,7 @@ def train(
     out: Path = typer.Option(..., "--out", help="Run folder (config.json, model.safetensors, history, TensorBoard logs)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder from `nsacdrive collect` (overrides the config file)."),
     model: Optional[Model] = typer.Option(None, "--model", help="Controller (overrides the config file)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="JSON file with TrainConfig fields (see README); flags override it."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON file with TrainConfig fields (docs/guide/train.md); flags override it."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Cap on training batches per epoch (a time budget)."),

@@ -23,7 +23,7 @@ def test_a_signal_larger_on_the_errors_scores_one_and_a_smaller_one_zero():
     clean = predictions(std=np.full(4, 0.1), density=np.full(4, 1.0), mean_steer=np.zeros(4))
     aurocs = signal_aurocs(pred, errors, clean)
     assert aurocs["σ"] == pytest.approx(1.0) and aurocs["aleatoric"] == pytest.approx(1.0)
-    assert aurocs["density"] == pytest.approx(0.0)  # smaller on the errors: the inversion the README reports
+    assert aurocs["density"] == pytest.approx(0.0)  # smaller on the errors: the inversion the engineering notes report
     assert aurocs["|predicted steer|"] == pytest.approx(0.5) and aurocs["epistemic"] == pytest.approx(0.5)
     # σ² + density with the density in σ² units (clean medians 0.01 and 1): 0.01+0.04, 0.04+0.03, 0.09+0.02, 0.16+0.01
     assert aurocs["σ² + density"] == pytest.approx(1.0)
