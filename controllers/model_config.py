@@ -19,7 +19,7 @@ from nsacdrive.controllers.censored import PEDAL_LIKELIHOODS
 from nsacdrive.controllers.circuit_attention import Mode
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.levy import MAX_SHARPNESS
-from nsacdrive.controllers.model_names import MODEL_NAMES  # the heads ``model`` may name
+from nsacdrive.controllers.model_names import model_names  # the heads ``model`` may name
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
 from nsacdrive.controllers.objectives import REGULARISERS
 from nsacdrive.envs.front_camera import HORIZONTAL_FOV
@@ -82,8 +82,8 @@ class ModelConfig:
         if self.encoder is None:
             object.__setattr__(self, "encoder", EncoderConfig(kind=kind.default_encoder))
         object.__setattr__(self, "camera_fov", camera_fov_for(kind.name, self.camera_fov, "model config 'camera_fov'"))
-        if self.model not in MODEL_NAMES:
-            raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(MODEL_NAMES))}")
+        if self.model not in model_names():
+            raise ValueError(f"model config: unknown model {self.model!r}; expected one of {', '.join(sorted(model_names()))}")
         if self.epistemic_regulariser not in REGULARISERS:
             raise ValueError(f"model config: epistemic_regulariser must be one of {', '.join(REGULARISERS)}, "
                              f"got {self.epistemic_regulariser!r}")

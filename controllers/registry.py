@@ -1,4 +1,6 @@
-"""Model names on the command line (``--model nsac``) → controllers, from one dataclass config."""
+"""Model names on the command line (``--model nsac``) → controllers, from one dataclass config.
+
+:func:`register_model` adds a head under a new name (the Python API; the CLI offers the built-in ones)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import make_encoder
 from nsacdrive.controllers.heads import GMLEHead, LevyHead, NACRegressionHead, NSACHead, UncertaintyHead
 from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.model_names import REGISTERED_MODEL_NAMES
 from nsacdrive.controllers.objectives import NSACObjective
 
 
@@ -51,7 +54,10 @@ def _levy(config: ModelConfig) -> UncertaintyHead:
                     sharpness=config.levy_sharpness, nll_beta=config.nll_beta)
 
 
-MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {
+#: Builds a head from the model config (its encoder's ``token_dim`` is the width of the tokens it reads).
+HeadBuilder = Callable[[ModelConfig], UncertaintyHead]
+
+MODEL_BUILDERS: dict[str, HeadBuilder] = {
     "nsac": _nsac,
     "gmle": _gmle,
     "nac": _nac,
@@ -61,6 +67,18 @@ MODEL_BUILDERS: dict[str, Callable[[ModelConfig], UncertaintyHead]] = {
     "evidential": _evidential,
     "sdenet": _sdenet,
 }
+
+
+def register_model(name: str, builder: HeadBuilder) -> None:
+    """Add model ``name``, whose head ``builder(config)`` builds; :func:`build_controller` puts it
+    behind the config's encoder. The name becomes valid in :class:`ModelConfig`, so training,
+    evaluation and :func:`nsacdrive.controllers.run.load_run` accept it, in this process only."""
+    if not name:
+        raise ValueError("model: a name must be non-empty")
+    if name in MODEL_BUILDERS:
+        raise ValueError(f"model {name!r} is already registered")
+    MODEL_BUILDERS[name] = builder
+    REGISTERED_MODEL_NAMES.append(name)
 
 
 def build_controller(config: ModelConfig) -> nn.Module:

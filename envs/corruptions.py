@@ -13,11 +13,13 @@ looked at.
 Randomness comes only from ``np.random.default_rng([seed, step, family index])``: the same
 (seed, step) gives the same corrupted frame on every run, so closed-loop episodes stay paired
 across models. Textures and streaks are generated, nothing is downloaded.
+
+:func:`register_corruption` adds a family to the suite (``all`` and ``all-SEVERITY`` then include it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -26,6 +28,8 @@ import numpy as np
 SEVERITIES = (1, 2, 3, 4, 5)
 NO_CORRUPTION = "none"  # the uncorrupted frames, where a list of corruptions is asked for
 Frame = np.ndarray  # (H, W, 3) uint8 RGB
+#: ``apply(frame, parameter, rng)``: the corrupted copy of a frame, drawing randomness only from ``rng``
+CorruptionFunction = Callable[[Frame, float, np.random.Generator], Frame]
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class Corruption:
     description: str
     parameters: tuple[float, ...]  # the family's main parameter at severities 1 … 5
     unit: str
-    apply: Callable[[Frame, float, np.random.Generator], Frame]
+    apply: CorruptionFunction
 
 
 def _clip(image: np.ndarray) -> Frame:
@@ -180,7 +184,23 @@ CORRUPTIONS: dict[str, Corruption] = {c.name: c for c in (
     Corruption("camera-tilt", "the camera rolled about its axis", (3, 6, 10, 15, 22), "degrees", _camera_tilt),
     Corruption("background-texture", "grass replaced by a generated texture", (20, 40, 60, 80, 100), "texture contrast", _background_texture),
 )}
-FAMILIES = tuple(CORRUPTIONS)
+#: the family names in suite order, registered ones included (a live view of :data:`CORRUPTIONS`)
+FAMILIES = CORRUPTIONS.keys()
+
+
+def register_corruption(name: str, fn: CorruptionFunction, levels: Sequence[float], description: str,
+                        unit: str = "level") -> None:
+    """Add family ``name`` to the suite: ``fn(frame, levels[severity - 1], rng)`` corrupts a raw
+    uint8 frame, drawing randomness only from ``rng`` (seeded from the seed, the step and the
+    family's place in the suite), so a corrupted frame stays a pure function of (frame, seed,
+    step). ``unit`` names the parameter in listings. The registration lives in this process only."""
+    if not name or name in (NO_CORRUPTION, "all") or any(c in name for c in ", \t\n"):
+        raise ValueError(f"corruption name {name!r}: give a non-empty name free of commas and spaces, other than 'all' and 'none'")
+    if name in CORRUPTIONS:
+        raise ValueError(f"corruption {name!r} is already registered")
+    if len(levels) != len(SEVERITIES):
+        raise ValueError(f"corruption {name!r}: give one level per severity {SEVERITIES}, got {len(levels)}")
+    CORRUPTIONS[name] = Corruption(name, description, tuple(float(level) for level in levels), unit, fn)
 
 
 @dataclass(frozen=True)
@@ -200,7 +220,7 @@ class CorruptionSpec:
         if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
             raise ValueError(f"corruption {self.name}: expected a uint8 (H, W, 3) frame, got {frame.dtype} {frame.shape}")
         family = CORRUPTIONS[self.family]
-        rng = np.random.default_rng([seed, step, FAMILIES.index(self.family)])
+        rng = np.random.default_rng([seed, step, list(CORRUPTIONS).index(self.family)])
         return family.apply(frame, family.parameters[self.severity - 1], rng)
 
 

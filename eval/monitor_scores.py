@@ -10,15 +10,18 @@ plus ``curvature`` [N], the largest |curvature| of the road 5–40 world units a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 #: Distances ahead (world units) over which the curvature baseline takes its largest |curvature|.
 CURVATURE_DISTANCES = np.arange(5.0, 45.0, 5.0)
 
+#: A score: the dict of per-step arrays (see the module docstring) → one number per step, shape [N].
+ScoreFunction = Callable[[dict[str, np.ndarray]], np.ndarray]
 
-def _std(part: str | None, action: int = 0) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+
+def _std(part: str | None, action: int = 0) -> ScoreFunction:
     def score(arrays: dict[str, np.ndarray]) -> np.ndarray:
         variance = arrays["aleatoric"] + arrays["epistemic"] if part is None else arrays[part]
         return np.sqrt(np.maximum(variance[:, action], 0.0))
@@ -32,7 +35,7 @@ def _attention_entropy(arrays: dict[str, np.ndarray]) -> np.ndarray:
 
 
 #: name → (what it is, whether it uses the model's uncertainty, per-step score from the log).
-SCORES: dict[str, tuple[str, bool, Callable[[dict[str, np.ndarray]], np.ndarray]]] = {
+SCORES: dict[str, tuple[str, bool, ScoreFunction]] = {
     "steer_std": ("predictive steering std √(aleatoric + epistemic)", True, _std(None)),
     "steer_aleatoric": ("aleatoric steering std", True, _std("aleatoric")),
     "steer_epistemic": ("epistemic steering std", True, _std("epistemic")),
@@ -45,9 +48,26 @@ SCORES: dict[str, tuple[str, bool, Callable[[dict[str, np.ndarray]], np.ndarray]
 }
 
 
+#: name → the log fields a score needs beyond the ones every log has (absent from older logs).
+SCORE_INPUTS: dict[str, tuple[str, ...]] = {"density": ("density",), "attention_entropy": ("attention",)}
+
+
 def score_inputs(name: str) -> tuple[str, ...]:
     """Log fields a score needs beyond the ones every log has (absent from older logs)."""
-    return {"density": ("density",), "attention_entropy": ("attention",)}.get(name, ())
+    return SCORE_INPUTS.get(name, ())
+
+
+def register_score(name: str, description: str, uses_uncertainty: bool, fn: ScoreFunction, needs: Iterable[str] = ()) -> None:
+    """Add score ``name`` to :data:`SCORES`, so the offline judge, :class:`LiveMonitor` and the closed
+    loop's ``monitor_score`` all offer it. ``needs``: log fields beyond the ones every log has; a
+    log without them skips the score. The registration lives in this process only."""
+    if not name:
+        raise ValueError("monitor score: a name must be non-empty")
+    if name in SCORES:
+        raise ValueError(f"monitor score {name!r} is already registered")
+    SCORES[name] = (description, uses_uncertainty, fn)
+    if needs := tuple(needs):
+        SCORE_INPUTS[name] = needs
 
 
 def smooth(values: np.ndarray, steps: int) -> np.ndarray:
