@@ -8,7 +8,7 @@ export SDL_VIDEODRIVER ?= dummy
 export SDL_AUDIODRIVER ?= dummy
 export PYGAME_HIDE_SUPPORT_PROMPT = 1
 
-.PHONY: install browser demo lint docs test test-fast bench bench-deps clean results results-check
+.PHONY: install browser demo lint docs reference reference-check test test-fast bench bench-deps clean results results-check
 
 install: $(STAMP)
 
@@ -53,7 +53,7 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-test: install lint docs results-check browser
+test: install lint docs results-check reference-check browser
 	$(PY) -m pytest -n 2 -q --durations=10
 
 test-fast: install browser
@@ -75,6 +75,13 @@ bench: install bench-deps
 	$(PY) -m bench.accelerator
 	$(PY) -m bench.closed_loop_speed
 	$(PY) -m bench.targets
+
+# The reference pages (every command and option, every config field) from the code itself.
+reference: install
+	$(PY) -m bench.reference render
+
+reference-check: install
+	$(PY) -m bench.reference check
 
 results: install
 	$(PY) -m bench.results render

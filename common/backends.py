@@ -39,6 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+from nsacdrive.common.extras import MissingExtra
 from nsacdrive.common.workers import single_threaded_worker, worker_pool
 
 BACKENDS = ("process", "ray")
@@ -74,11 +75,11 @@ def run_tasks(function: Callable[..., R], argument_tuples: Iterable[tuple], work
 
 
 def import_ray() -> ModuleType:
-    """The ``ray`` module, or an ImportError that says how to install the extra."""
+    """The ``ray`` module, or a :class:`MissingExtra` that says how to install the extra."""
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(RAY_MISSING) from exc
+        raise MissingExtra(RAY_MISSING) from exc
     return ray
 
 

@@ -611,7 +611,10 @@ def _groups_worker(task: GroupsTask) -> int:
 def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, Any]]:
     """Per (model, run, preset, corruption): success mean ± std over evaluation runs and the other aggregates.
 
-    Episode ``repeat`` k belongs to evaluation run k // ``trials`` (each run pools its trials)."""
+    Episode ``repeat`` k belongs to evaluation run k // ``trials`` (each run pools its trials).
+    ``faults`` (also under its old name ``failed``) counts episodes an exception ended, not the
+    driving; ``laps`` the finished laps and ``off_road_events`` the times a car left the road, over
+    the episodes driven to their end."""
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for r in records:
         key = (r["model"], Path(r["run"]).name, r["colour_preset"], r.get("corruption", NO_CORRUPTION))
@@ -624,7 +627,8 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
         ok = [r for r in items if not r["failed"]]
         rows.append({
             "model": model, "run": run, "colour_preset": preset, "corruption": corruption,
-            "episodes": len(items), "failed": len(items) - len(ok),
+            "episodes": len(items), "failed": len(items) - len(ok), "faults": len(items) - len(ok),
+            "laps": sum(bool(r["lap_finished"]) for r in ok), "off_road_events": sum(int(r.get("off_road_events", 0)) for r in ok),
             "success_mean": float(np.mean(per_run)), "success_std": float(np.std(per_run)),
             "score_ge_900": float(np.mean(scores >= 900)), "score_ge_860": float(np.mean(scores >= 860)),
             "score_mean": float(scores.mean()),

@@ -9,9 +9,9 @@ Grewal, Tonella & Stocco, ICST 2024), on this project's per-step logs:
   (causal) mean over ``smooth_steps`` — what a monitor running in the car could compute. The
   uncertainty scores sit beside baselines that use no uncertainty at all (predicted |steer|,
   speed, curvature of the road ahead), so a monitor that only detects corners is exposed.
-* **Threshold**: the ``quantile`` (0.95) of a Gamma distribution fitted (location 0, maximum
-  likelihood) to the score on nominal driving, or — ``threshold="window-rate"`` — the value that
-  ``false_alarm_rate`` of the nominal windows of one second exceed.
+* **Threshold**: the value that ``false_alarm_rate`` of the nominal windows of one second exceed
+  (``threshold="window-rate"``, the default), or — ``threshold="gamma"`` — the ``quantile`` (0.95)
+  of a Gamma distribution fitted (location 0, maximum likelihood) to the score on nominal driving.
 * **Windows**: for a reaction window of W seconds, a failure (in any episode) is a true positive
   when the score exceeds the threshold at any step of the W seconds before its onset, else a false
   negative. Nominal driving (steps at least ``max(windows)`` seconds before any failure and
@@ -46,10 +46,11 @@ from nsacdrive.controllers.metrics import average_precision, ood_auroc
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events, true_runs
+from nsacdrive.eval.modes import DEFAULT_THRESHOLD, MONITOR_THRESHOLDS
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
 from nsacdrive.eval.results import EvaluationError, clean_conditions, load_episode, load_records
 
-THRESHOLDS = ("gamma", "window-rate")
+THRESHOLDS = MONITOR_THRESHOLDS
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class MonitorConfig:
     windows_s: tuple[int, ...] = (1, 2, 3)
     smooth_steps: int = 10
     warmup_steps: int = FPS  # CarRacing zooms in during the first second; the history fills
-    threshold: str = "gamma"
+    threshold: str = DEFAULT_THRESHOLD
     quantile: float = 0.95
     false_alarm_rate: float = 0.05
     strata: int = 4
@@ -350,13 +351,29 @@ def to_markdown(result: dict[str, Any]) -> str:
             cells += [f"{c['tp']}/{c['fn']}/{c['fp']}/{c['tn']}", _cell(c["precision"]), _cell(c["recall"]), _cell(c["fpr"]),
                       _cell(c["f3"]), _cell(c["median_lead_s"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + _failures_line(result)
+
+
+def _failures_line(result: dict[str, Any]) -> str:
+    """The failures found by kind, and what the thresholds were fitted on."""
     kinds: dict[str, int] = {}
     for failure in result["failures"]:
         kinds[failure["kind"]] = kinds.get(failure["kind"], 0) + 1
-    summary = (f"{len(result['failures'])} failures ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'}) in "
-               f"{result['episodes']} episodes; thresholds: {result['config']['threshold']} on {result['nominal_episodes']} nominal "
-               f"episodes ({result['fit'] if isinstance(result['fit'], str) else ', '.join(result['fit'])})")
-    return "\n".join(lines) + "\n\n" + summary
+    return (f"{len(result['failures'])} failures ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'}) in "
+            f"{result['episodes']} episodes; thresholds: {result['config']['threshold']} on {result['nominal_episodes']} nominal "
+            f"episodes ({result['fit'] if isinstance(result['fit'], str) else ', '.join(result['fit'])})")
+
+
+def to_terminal(result: dict[str, Any]) -> str:
+    """The table a terminal shows (under 100 columns): per score the frame AUROC and, at the shortest
+    reaction window, F3, FPR and the median lead; ``monitor.md`` holds every column."""
+    window = str(min(result["config"]["windows_s"]))
+    lines = [f"{'score':<20}{'threshold':>10}{'AUROC':>7}{'strat.':>8}{f'{window} s: F3':>10}{'FPR':>6}{'recall':>8}{'lead s':>8}"]
+    for name, entry in result["scores"].items():
+        c = entry["windows"][window]
+        lines.append(f"{name[:20]:<20}{entry['threshold']:>10.4g}{_cell(entry['auroc']):>7}{_cell(entry['stratified_auroc']):>8}"
+                     f"{_cell(c['f3']):>10}{_cell(c['fpr']):>6}{_cell(c['recall']):>8}{_cell(c['median_lead_s'], 1):>8}")
+    return "\n".join(lines) + "\n\n" + _failures_line(result)
 
 
 #: Scores drawn in the trace figure when present: the model's own, the density, and the best-known baseline.

@@ -14,22 +14,31 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from nsacdrive.agents.ppo import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
-from nsacdrive.common.resume import SettingsChanged
+from nsacdrive.common.folder_lock import FolderBusy
 from nsacdrive.common.shutdown import skip_final_collection
 from nsacdrive.common.workers import start_worker_server
 from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES, PRECISION_NAMES
-from nsacdrive.data_collection.recorder import ENVS, LAYOUTS
-from nsacdrive.envs.car_racing import RENDERERS
+from nsacdrive.data_collection.human import HumanDriveConfig
+from nsacdrive.data_collection.recorder import ENVS, LAYOUTS, CollectConfig, NoiseConfig
+from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import list_presets
-from nsacdrive.eval.modes import DENSITY_SAMPLES, INFERENCE_MODES, OFFLINE_SPLITS
-from nsacdrive.options import choice, split_names
+from nsacdrive.errors import REFUSALS, Refusal, concerning, reason
+from nsacdrive.eval.modes import (
+    DEFAULT_MONITOR_SCORE,
+    DEFAULT_THRESHOLD,
+    DENSITY_SAMPLES,
+    INFERENCE_MODES,
+    MONITOR_THRESHOLDS,
+    OFFLINE_SPLITS,
+)
+from nsacdrive.options import choice, config_default, old_spelling, renamed, split_names
 from nsacdrive.outputs import check_output_file, check_output_folder
 from nsacdrive.udacity_cli import udacity_app
 
@@ -51,6 +60,7 @@ Inference = choice("Inference", INFERENCE_MODES)
 Split = choice("Split", OFFLINE_SPLITS)
 DensitySource = choice("DensitySource", DENSITY_SOURCES)
 Precision = choice("Precision", PRECISION_NAMES)
+Threshold = choice("Threshold", MONITOR_THRESHOLDS)
 PRECISION_HELP = ("The encoders' convolutions in training (overrides the config file): bfloat16 is faster on CPUs with AMX "
                   "tiles and on GPUs, slower elsewhere; the run drives in float32 either way (docs/guide/train.md: Training precision).")
 PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
@@ -58,10 +68,11 @@ PRESETS = ", ".join(list_presets())  # not a choice: random-N takes any N
 
 
 class RootCommand(TyperGroup):
-    """The ``nsacdrive`` group, speaking in one-line messages around every subcommand: an OSError
-    (a read-only or full disk, a file where a folder should be) ends it with ``error: ...`` and exit
-    code 2 instead of a traceback, and a library warning prints as ``warning: ...``; the process
-    then exits without a last collection over its imports (:mod:`nsacdrive.common.shutdown`)."""
+    """The ``nsacdrive`` group, speaking in one-line messages around every subcommand: a refusal
+    (:data:`nsacdrive.errors.REFUSALS`: bad input, a read-only or full disk, a folder in use, a
+    missing extra) ends it with ``error: ...`` and exit code 2 instead of a traceback, and a library
+    warning prints as ``warning: ...``; the process then exits without a last collection over its
+    imports (:mod:`nsacdrive.common.shutdown`)."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         skip_final_collection()
@@ -71,9 +82,8 @@ class RootCommand(TyperGroup):
             return super().invoke(ctx)
         except BrokenPipeError:
             raise  # `nsacdrive ... | head`: click exits quietly
-        except OSError as exc:
-            reason = f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
-            typer.secho(f"error: {reason}", fg="red", err=True)
+        except REFUSALS as exc:
+            typer.secho(f"error: {reason(exc, SETTING_FLAGS)}", fg="red", err=True)
             raise typer.Exit(2) from None
         finally:
             warnings.formatwarning = formatwarning
@@ -122,73 +132,54 @@ def _presets(text: str) -> list[str]:
 #: The flag of each config field the library names (it speaks in fields): for resume refusals and
 #: the recording's env/layout/renderer check.
 SETTING_FLAGS = {
-    "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--runs", "trials": "--trials",
+    "runs": "RUN...", "seeds": "--seeds", "colour_presets": "--colour-preset", "repeats": "--repeats", "trials": "--trials",
     "batch": "--batch", "drive.max_steps": "--max-steps", "drive.samples": "--samples", "drive.throttle_cap": "--throttle-cap",
     "drive.pedal_caution": "--pedal-caution", "drive.gas_caution": "--gas-caution",
-    "drive.renderer": "--renderer", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
+    "drive.renderer": "--renderer", "drive.raw": "--uncalibrated", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
     "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
     "drive.fallback_steps": "--fallback-seconds", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
     "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
 
-def _refuse_changed_settings(exc: SettingsChanged) -> NoReturn:
-    """Exit 2 naming every flag whose value differs from the one the output folder was made with."""
-    typer.secho(f"error: {exc.describe(SETTING_FLAGS, folder='--out')}", fg="red", err=True)
-    raise typer.Exit(2)
-
-
 @contextlib.contextmanager
 def _writing(out: Path, command: str) -> Iterator[None]:
     """Hold ``out``'s lock (:mod:`nsacdrive.common.folder_lock`) while ``nsacdrive COMMAND`` writes
     there; another job holding it ends this one with exit 2 and one line naming that job."""
-    from nsacdrive.common.folder_lock import FolderBusy, folder_lock
+    from nsacdrive.common.folder_lock import folder_lock
 
-    try:
-        with folder_lock(out, f"nsacdrive {command}"):
-            yield
-    except FolderBusy as exc:  # only the lock raises it
-        typer.secho(f"error: --out: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    with concerning("--out", (FolderBusy,)), folder_lock(out, f"nsacdrive {command}"):  # only the lock raises FolderBusy
+        yield
 
 
 def _check_device(device: str) -> None:
-    """Exit 2 with one line when this machine cannot use ``--device`` (before any work is done)."""
+    """Refuse a ``--device`` this machine cannot use, before any work is done."""
     from nsacdrive.controllers.run import usable_device
 
-    try:
-        usable_device(device)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    usable_device(device)
 
 
-def _load_runs(runs: list[Path], raw: bool = False, announce: bool = True) -> dict[Path, tuple[Any, Any]]:
+def _load_runs(runs: list[Path], uncalibrated: bool = False, announce: bool = True) -> dict[Path, tuple[Any, Any]]:
     """Load every run (config and weights, checked against the architecture) before any driving or
     computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
     summary later. Says which runs' predictions are recalibrated (``RUN/calibration.json``; never
-    with ``raw``) unless not ``announce`` (callers that load raw and apply it themselves). Returns
+    when ``uncalibrated``) unless not ``announce`` (callers that load raw and apply it themselves). Returns
     run → (controller, training config), for work done in this process."""
-    from nsacdrive.controllers.calibration import CALIBRATION_FILE, CalibrationError
-    from nsacdrive.controllers.checkpoint import CheckpointError
-    from nsacdrive.controllers.density import DensityError
+    from nsacdrive.controllers.calibration import CALIBRATION_FILE
     from nsacdrive.controllers.run import load_run
 
     loaded = {}
     for run in runs:
-        try:
-            loaded[run] = load_run(run, raw=raw)
-        except (CheckpointError, CalibrationError, DensityError) as exc:
-            typer.secho(f"error: cannot load run {run}: {exc}", fg="red", err=True)
-            raise typer.Exit(2) from None
+        with concerning(f"cannot load run {run}"):
+            loaded[run] = load_run(run, raw=uncalibrated)
         calibration = loaded[run][0].calibration
         if not announce:
             continue
         if calibration is not None:
             typer.echo(f"{run}: applying {CALIBRATION_FILE} ({calibration.method}, fitted on validation tracks "
-                       f"{','.join(map(str, calibration.val_seeds))}; --raw ignores it)")
-        elif raw and (run / CALIBRATION_FILE).exists():
-            typer.echo(f"{run}: --raw: {CALIBRATION_FILE} ignored")
+                       f"{','.join(map(str, calibration.val_seeds))}; --uncalibrated ignores it)")
+        elif uncalibrated and (run / CALIBRATION_FILE).exists():
+            typer.echo(f"{run}: --uncalibrated: {CALIBRATION_FILE} ignored")
     return loaded
 
 
@@ -197,41 +188,31 @@ def collect(
     out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
     agent: str = typer.Option("expert", "--agent", help="Agent spec: expert, controller:RUN or ppo:DIR."),
     seeds: str = typer.Option("0-49", "--seeds", help="Track seeds, e.g. '0-49' or '42,1000-1009'."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated presets: {PRESETS}."),
-    noise: float = typer.Option(0.0, "--noise", help="Std of Gaussian noise on the EXECUTED steer and pedal (labels stay clean)."),
-    noise_seed: int = typer.Option(0, "--noise-seed", help="Salt of the noise stream (with the track seed)."),
+    colour_preset: str = typer.Option(",".join(config_default(CollectConfig, "colour_presets")), "--colour-preset", help=f"Comma-separated presets: {PRESETS}."),
+    noise: float = typer.Option(config_default(NoiseConfig, "sigma"), "--noise", help="Std of Gaussian noise on the EXECUTED steer and pedal (labels stay clean)."),
+    noise_seed: int = typer.Option(config_default(NoiseConfig, "seed"), "--noise-seed", help="Salt of the noise stream (with the track seed)."),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes."),
-    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    max_steps: int = typer.Option(config_default(CollectConfig, "max_steps"), "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already complete in --out."),
     renderer: Optional[Renderer] = typer.Option(None, "--renderer", help="CarRacing frame renderer: fast (default) or stock (gymnasium's)."),
-    env: EnvName = typer.Option("carracing", "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
-    layout: Layout = typer.Option("episodes", "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
-    side_offset: float = typer.Option(1.0, "--side-offset", help="--env udacity-style: the side cameras' distance to either side (world units; the car is 2.4 wide, the road ~13). With --layout episodes the expert also labels each side camera's frames as if the car stood there."),
-    camera_fov: float = typer.Option(65.0, "--camera-fov", help="--env udacity-style: every camera's horizontal field of view (degrees, 10–150). A controller trained on these frames drives with the same camera."),
+    env: EnvName = typer.Option(config_default(CollectConfig, "env"), "--env", help="carracing (96×96 top-down) or udacity-style (320×160 front cameras: center, left, right)."),
+    layout: Layout = typer.Option(config_default(CollectConfig, "layout"), "--layout", help="episodes (lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
+    side_offset: float = typer.Option(config_default(CollectConfig, "side_offset"), "--side-offset", help="--env udacity-style: the side cameras' distance to either side (world units; the car is 2.4 wide, the road ~13). With --layout episodes the expert also labels each side camera's frames as if the car stood there."),
+    camera_fov: float = typer.Option(config_default(CollectConfig, "camera_fov"), "--camera-fov", help="--env udacity-style: every camera's horizontal field of view (degrees, 10–150). A controller trained on these frames drives with the same camera."),
 ) -> None:
     """Record demonstrations: one lossless episode file + JSON sidecar per (seed, preset), or the Udacity layout."""
     check_output_folder(out)
-    from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig, recording_renderer
     from nsacdrive.data_collection.recorder import collect as run_collect
+    from nsacdrive.data_collection.recorder import recording_renderer
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
-    try:
-        recording_renderer(env.value, layout.value, renderer.value if renderer else None, "collect", SETTING_FLAGS)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    try:
-        config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
-                               noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
-                               renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers,
-                               side_offset=side_offset, camera_fov=camera_fov)
-        with _writing(out, "collect"):
-            summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
-    except SettingsChanged as exc:
-        _refuse_changed_settings(exc)
-    except (ValueError, FileExistsError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    recording_renderer(env.value, layout.value, renderer.value if renderer else None, "collect", SETTING_FLAGS)
+    config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+                           noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
+                           renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers,
+                           side_offset=side_offset, camera_fov=camera_fov)
+    with _writing(out, "collect"):
+        summary = run_collect(config, out, resume=resume, agent_kinds=AGENT_KINDS)
     typer.echo(
         f"wrote {summary.written} episodes ({summary.steps} steps, {summary.steps_per_second:.0f} steps/s), "
         f"skipped {summary.skipped} already complete → {out}"
@@ -245,15 +226,9 @@ def data_info(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Warn about and skip corrupt episodes instead of failing."),
 ) -> None:
     """Summarise a dataset: episodes, frames, seeds, sources, colour schemes, action statistics."""
-    from nsacdrive.data_collection.episode import EpisodeFileError
-    from nsacdrive.data_collection.errors import DatasetError
     from nsacdrive.data_collection.summary import summarize
 
-    try:
-        summary = summarize(path, on_error="skip" if skip_bad else "raise")
-    except (DatasetError, EpisodeFileError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    summary = summarize(path, on_error="skip" if skip_bad else "raise")
     typer.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.to_text())
 
 
@@ -275,11 +250,7 @@ def expert_evaluate(
     presets = _presets(colour_preset)
     if len(presets) != 1:
         raise typer.BadParameter("--colour-preset: give exactly one preset")
-    try:
-        report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers, agent_kinds=AGENT_KINDS)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers, agent_kinds=AGENT_KINDS)
     agg = report.aggregate()
     typer.echo(
         f"{agent} on {agg['episodes']} tracks ({presets[0]}): score {agg['score_mean']:.1f} ± {agg['score_std']:.1f} "
@@ -312,12 +283,8 @@ def expert_train(
         overrides["timesteps"] = timesteps
     if n_envs is not None:
         overrides["n_envs"] = n_envs
-    try:
-        config = PPOConfig.pixels_recipe(**overrides) if obs.value == "pixels" else PPOConfig.state_recipe(**overrides)
-        model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
-    except (ValueError, FileExistsError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    config = PPOConfig.pixels_recipe(**overrides) if obs.value == "pixels" else PPOConfig.state_recipe(**overrides)
+    model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"trained {model.num_timesteps} steps → {out} (policy.safetensors + policy.json drive it, "
                f"model.zip + vecnormalize.pkl resume it); evaluate with: nsacdrive expert evaluate --agent ppo:{out}")
 
@@ -331,46 +298,37 @@ def expert_export(
     files are pickles, which can execute code when loaded: export only folders you made yourself."""
     from nsacdrive.agents.ppo import export_policy
 
-    try:
-        written = export_policy(folder)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    written = export_policy(folder)
     typer.echo(f"exported → {written} (+ policy.safetensors); drive with --agent ppo:{folder}")
 
 
 @app.command("drive")
 def human_drive(
     record: Optional[Path] = typer.Option(None, "--record", help="Dataset folder for the finished episodes (source 'human'); omit to just play."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (then seed+1, ...)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Colour preset: {PRESETS}."),
-    slow_motion: float = typer.Option(1.0, "--slow-motion", help="Run the game F times slower (F >= 1; 2 = half speed)."),
-    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    seed: int = typer.Option(config_default(HumanDriveConfig, "seed"), "--seed", min=0, help="Track seed of the first episode (then seed+1, ...)."),
+    colour_preset: str = typer.Option(config_default(HumanDriveConfig, "colour_preset"), "--colour-preset", help=f"Colour preset: {PRESETS}."),
+    slow_motion: float = typer.Option(config_default(HumanDriveConfig, "slow_motion"), "--slow-motion", help="Run the game F times slower (F >= 1; 2 = half speed)."),
+    max_steps: int = typer.Option(config_default(HumanDriveConfig, "max_steps"), "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     episodes: Optional[int] = typer.Option(None, "--episodes", min=1, help="Stop after this many finished episodes (default: play until Q)."),
-    env: EnvName = typer.Option("carracing", "--env", help="carracing (CarRacing's top-down window) or udacity-style (the 320×160 front camera, scaled up; records all three cameras)."),
+    env: EnvName = typer.Option(config_default(HumanDriveConfig, "env"), "--env", help="carracing (CarRacing's top-down window) or udacity-style (the 320×160 front camera, scaled up; records all three cameras)."),
     layout: Optional[Layout] = typer.Option(None, "--layout", help="With --record: episodes (default, lossless format) or udacity (IMG/*.jpg + driving_log.csv; needs --env udacity-style)."),
-    window_scale: int = typer.Option(3, "--window-scale", min=1, help="Front-camera window magnification (3: 960×480)."),
-    camera_fov: float = typer.Option(65.0, "--camera-fov", help="--env udacity-style: the cameras' horizontal field of view (degrees, 10–150; as for collect)."),
+    window_scale: int = typer.Option(config_default(HumanDriveConfig, "window_scale"), "--window-scale", min=1, help="Front-camera window magnification (3: 960×480)."),
+    camera_fov: float = typer.Option(config_default(HumanDriveConfig, "camera_fov"), "--camera-fov", help="--env udacity-style: the cameras' horizontal field of view (degrees, 10–150; as for collect)."),
 ) -> None:
     """Play CarRacing with the arrow keys (or a gamepad), top-down or from the front camera; R restarts, Q/Esc quits."""
     if record is not None:
         check_output_folder(record, "--record")
     elif layout is not None:
-        typer.secho("error: --layout: only with --record DIR (without it nothing is written)", fg="red", err=True)
-        raise typer.Exit(2)
-    from nsacdrive.data_collection.human import HumanDriveConfig, record_human
+        raise Refusal("--layout: only with --record DIR (without it nothing is written)")
+    from nsacdrive.data_collection.human import record_human
 
-    try:
-        presets = _presets(colour_preset)
-        if len(presets) != 1:
-            raise ValueError(f"--colour-preset: give one preset, got {colour_preset!r}")
-        config = HumanDriveConfig(seed=seed, colour_preset=presets[0], slow_motion=slow_motion, max_steps=max_steps,
-                                  max_episodes=episodes, env=env.value, layout=layout.value if layout else "episodes",
-                                  window_scale=window_scale, camera_fov=camera_fov)
-        session = record_human(record, config)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    presets = _presets(colour_preset)
+    if len(presets) != 1:
+        raise ValueError(f"--colour-preset: give one preset, got {colour_preset!r}")
+    config = HumanDriveConfig(seed=seed, colour_preset=presets[0], slow_motion=slow_motion, max_steps=max_steps,
+                              max_episodes=episodes, env=env.value, layout=layout.value if layout else config_default(HumanDriveConfig, "layout"),
+                              window_scale=window_scale, camera_fov=camera_fov)
+    session = record_human(record, config)
     where = f" → {record}" if record is not None else ""
     typer.echo(f"wrote {len(session.written)} episodes, {session.restarts} restarts{where}")
 
@@ -397,14 +355,10 @@ def train(
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
                                               "seed": seed, "device": device, "precision": precision}, model)
     _check_device(device)
-    try:
-        train_config = TrainConfig.from_dict(settings)
-        trainer = Trainer(train_config, out)
-        with _writing(out, "train"):
-            state = trainer.fit(resume=resume)
-    except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    train_config = TrainConfig.from_dict(settings)
+    trainer = Trainer(train_config, out)
+    with _writing(out, "train"):
+        state = trainer.fit(resume=resume)
     typer.echo(f"trained {train_config.model.model} for {state.epoch} epochs; best validation loss {state.best_val:.4f} → {out}")
 
 
@@ -465,17 +419,13 @@ def sweep(
     if address is None:  # a cluster's workers may have devices this machine lacks
         _check_device(device)
     with _writing(out, "sweep"):
-        try:
-            trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
-            typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
-                       f"on {backend.value}, {workers} at a time → {out}")
-            results = []
-            for result in train_sweep(trainings, workers, backend.value, address):
-                results.append(dataclasses.asdict(result))
-                typer.echo(f"  {result.model} seed {result.seed}: {result.epochs} epochs, best validation loss {result.best_val:.4f} → {result.out}")
-        except (ValueError, ImportError) as exc:  # configs, datasets and checkpoints raise ValueErrors
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(2) from None
+        trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
+        typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
+                   f"on {backend.value}, {workers} at a time → {out}")
+        results = []
+        for result in train_sweep(trainings, workers, backend.value, address):
+            results.append(dataclasses.asdict(result))
+            typer.echo(f"  {result.model} seed {result.seed}: {result.epochs} epochs, best validation loss {result.best_val:.4f} → {result.out}")
         atomic_write_json(out / "sweep.json", {"backend": backend.value, "address": address,
                                                "runs": sorted(results, key=lambda r: (r["model"], r["seed"]))})
     typer.echo(f"summary → {out / 'sweep.json'}")
@@ -495,14 +445,11 @@ def calibrate(
     its feature density on its training split (RUN/density.safetensors)."""
     from nsacdrive.eval.calibrate import calibrate_run
 
-    loaded = _load_runs(runs, raw=True, announce=False)  # the fit replaces calibration.json
+    loaded = _load_runs(runs, uncalibrated=True, announce=False)  # the fit replaces calibration.json
     for run in runs:
-        try:
+        with concerning(str(run)):
             summary = calibrate_run(run, data, max_samples, seed, loaded=loaded.pop(run), density_samples=density_samples,
                                     isotonic=isotonic, density_source=density_source.value)
-        except ValueError as exc:
-            typer.secho(f"error: {run}: {exc}", fg="red", err=True)
-            raise typer.Exit(2) from None
         typer.echo("\n".join(summary.lines()))
 
 
@@ -518,16 +465,17 @@ def evaluate_offline(
     backend: Backend = typer.Option("process", "--backend", help="Where the retrainings run: process (local worker processes) or ray (Ray tasks)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster for the retrainings (data and run folders on a shared filesystem)."),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="Evaluate an evenly spaced subset of at most this many sequences per condition."),
-    raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
+    uncalibrated: bool = typer.Option(False, "--uncalibrated", help="Ignore each run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
+    raw: Optional[bool] = old_spelling("--raw"),
     corruptions: Optional[str] = typer.Option(None, "--corruptions", help="Also these held-out corruptions of the clean frames: all, or FAMILY-SEVERITY,... where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`)."),
     by_model: bool = typer.Option(False, "--by-model", help="One row per model: mean ± std over its runs (e.g. a sweep's training seeds; they must differ only in the seed)."),
 ) -> None:
     """One table of uncertainty metrics per action and model, clean, colour-perturbed and corrupted."""
     check_output_folder(out)
-    from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.envs.corruptions import parse_corruptions
     from nsacdrive.eval.offline import aggregate_seeds, check_seed_repeats, evaluate_run, seed_repeats, table_rows, write_tables
 
+    uncalibrated = renamed("--raw", "--uncalibrated", raw, uncalibrated)
     if colour_preset is not None:
         _presets(colour_preset)
     try:
@@ -536,25 +484,21 @@ def evaluate_offline(
         raise typer.BadParameter(str(exc)) from None
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
-    loaded = _load_runs(runs, raw=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
-    try:
-        if by_model:
-            check_seed_repeats({run: config for run, (_, config) in loaded.items()})
-        results = []
-        repeats = seed_repeats(runs, train_seeds, workers, backend.value, address,  # each run first, then its retrainings
-                               lambda r: typer.echo(f"retrained {r.model} seed {r.seed}: {r.epochs} epochs → {r.out}"))
-        for run in runs:
-            for repeat in repeats[run]:
-                results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
-                                            raw=raw, corruptions=specs, progress=True))
-    except (CheckpointError, ValueError, ImportError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    loaded = _load_runs(runs, uncalibrated=True, announce=False)  # evaluate_run applies each calibration.json itself, beside the raw figures
+    if by_model:
+        check_seed_repeats({run: config for run, (_, config) in loaded.items()})
+    results = []
+    repeats = seed_repeats(runs, train_seeds, workers, backend.value, address,  # each run first, then its retrainings
+                           lambda r: typer.echo(f"retrained {r.model} seed {r.seed}: {r.epochs} epochs → {r.out}"))
+    for run in runs:
+        for repeat in repeats[run]:
+            results.append(evaluate_run(repeat, data, split.value, colour_preset, max_samples, loaded=loaded.pop(repeat, None),
+                                        raw=uncalibrated, corruptions=specs, progress=True))
     rows = aggregate_seeds(results) if train_seeds > 1 or by_model else table_rows(results)
     typer.echo(write_tables(results, out, rows))
     for result in results:
         extras = [f"recalibrated by calibration.json ({result['recalibration']}): the _cal columns" if result["recalibration"] != "none" else
-                  ("raw only (--raw)" if raw else "raw only (no calibration.json: `nsacdrive calibrate`)"),
+                  ("raw only (--uncalibrated)" if uncalibrated else "raw only (no calibration.json: `nsacdrive calibrate`)"),
                   f"density score ({result['density_source']}) from density.safetensors" if result["density"] else "no density score"]
         typer.echo(f"{result['run']}: {'; '.join(extras)}")
     typer.echo(f"\ncalibration: {results[0]['conditions']['clean']['calibration']}")
@@ -566,7 +510,7 @@ def monitor(
     evaluations: list[Path] = typer.Argument(..., help="Evaluation folders from `nsacdrive eval` (failures, e.g. under --corruption)."),
     fit: Optional[list[Path]] = typer.Option(None, "--fit", help="Evaluation folder(s) of nominal (clean) laps to set the thresholds on; default: the evaluations' own clean episodes."),
     out: Path = typer.Option(Path("runs/monitor"), "--out", help="Folder for monitor.json, monitor.md and figures/."),
-    threshold: str = typer.Option("gamma", "--threshold", help="gamma: the --quantile of a Gamma fitted to the nominal scores; window-rate: exceeded in --false-alarm-rate of nominal 1 s windows."),
+    threshold: Threshold = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="window-rate (recommended): exceeded in --false-alarm-rate of nominal 1 s windows; gamma: the --quantile of a Gamma fitted to the nominal scores."),
     quantile: float = typer.Option(0.95, "--quantile", min=0.5, max=0.9999),
     false_alarm_rate: float = typer.Option(0.05, "--false-alarm-rate", min=0.0001, max=0.5),
     windows: str = typer.Option("1,2,3", "--windows", help="Reaction windows in whole seconds."),
@@ -574,25 +518,20 @@ def monitor(
 ) -> None:
     """Does each score warn before the car fails? Thresholds on nominal laps; precision, recall, F3 per reaction window."""
     check_output_folder(out)
-    from nsacdrive.eval.monitor import THRESHOLDS, MonitorConfig, run_monitor, write_monitor
+    from nsacdrive.eval.monitor import MonitorConfig, run_monitor, to_terminal, write_monitor
 
-    if threshold not in THRESHOLDS:
-        raise typer.BadParameter(f"expected one of {', '.join(THRESHOLDS)}, got {threshold!r}", param_hint="--threshold")
     try:
         window_s = tuple(int(w) for w in split_names(windows))
-        config = MonitorConfig(windows_s=window_s, smooth_steps=smooth_steps, threshold=threshold, quantile=quantile,
+        config = MonitorConfig(windows_s=window_s, smooth_steps=smooth_steps, threshold=threshold.value, quantile=quantile,
                                false_alarm_rate=false_alarm_rate)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--windows") from None
-    from nsacdrive.eval.results import EvaluationError
 
-    try:
-        result, episodes = run_monitor(evaluations, fit or [], config)
-    except (EvaluationError, ValueError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(write_monitor(result, episodes, out))
-    typer.echo(f"→ {out}/monitor.json, monitor.md, figures/")
+    result, episodes = run_monitor(evaluations, fit or [], config)
+    write_monitor(result, episodes, out)
+    typer.echo(to_terminal(result))
+    typer.echo(f"full table (every window: counts, precision, recall, FPR, F3, lead; AUPRC) → {out}/monitor.md, "
+               f"monitor.json; figures → {out}/figures/")
 
 
 def _closed_loop_corruptions(text: str) -> tuple[str, ...]:
@@ -610,10 +549,11 @@ def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
     seeds: str = typer.Option("42,1000-1009", "--seeds", help="Held-out track seeds (the same for every model: paired episodes)."),
     colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets: {PRESETS}."),
-    repeats: int = typer.Option(1, "--runs", min=1, help="Evaluation runs: success is reported as mean ± std over them."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Times the whole evaluation is repeated: success is reported as mean ± std over the repeats."),
+    old_repeats: Optional[int] = old_spelling("--runs", min=1),
     trials: int = typer.Option(1, "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
     renderer: Renderer = typer.Option("fast", "--renderer", help="How frames are drawn: fast or stock (gymnasium's code)."),
-    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    max_steps: int = typer.Option(MAX_EPISODE_STEPS, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
     batch: int = typer.Option(8, "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
     inference: Inference = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
@@ -621,11 +561,12 @@ def closed_loop_eval(
     throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     pedal_caution: Optional[float] = typer.Option(None, "--pedal-caution", min=0.0, help="Execute gas − K·σ_gas and brake + K·σ_brake (predictive stds): brake where unsure."),
     gas_caution: Optional[float] = typer.Option(None, "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
-    raw: bool = typer.Option(False, "--raw", help="Ignore each run's calibration.json (`nsacdrive calibrate`)."),
+    uncalibrated: bool = typer.Option(False, "--uncalibrated", help="Ignore each run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
+    raw: Optional[bool] = old_spelling("--raw"),
     device: str = typer.Option("cpu", "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
     corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
-    monitor_score: str = typer.Option("steer_std", "--monitor-score", help="The score of --monitor that raises alarms."),
+    monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
     fallback: str = typer.Option("none", "--fallback", help="On an alarm: none (log it), slow (no gas above 30 units/s), or expert (the privileged expert drives; an intervention)."),
     fallback_seconds: float = typer.Option(0.1, "--fallback-seconds", min=0.02, help="How long the fallback acts after the last alarm."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
@@ -643,48 +584,70 @@ def closed_loop_eval(
         raise typer.BadParameter("--address: only used with --backend ray")
     if address is None:  # a cluster's workers may have devices this machine lacks
         _check_device(device)
-    _load_runs(runs, raw=raw)  # the workers load their own copies (other processes, or one per lockstep group)
-    try:
-        monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
-        if fallback != "none" and monitor_dir is None:
-            raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
-        drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
-                            renderer=renderer.value, raw=raw,
-                            device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * 50)), **monitoring)
-        corruptions = _closed_loop_corruptions(corruption)
-        config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
-                            corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
-                            backend=backend.value, address=address, inference=inference.value)
-        with _writing(out, "eval"):
-            rows = evaluate_closed_loop(config, out, resume=resume)
-    except SettingsChanged as exc:
-        _refuse_changed_settings(exc)
-    except (FileExistsError, ImportError, ValueError) as exc:  # ImportError: --backend ray without the extra
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    width = max(len(f"{r['run']} ({r['model']})") for r in rows) + 2
-    condition = lambda r: r["colour_preset"] if r["corruption"] == "none" else f"{r['colour_preset']}+{r['corruption']}"  # noqa: E731
-    cw = max(10, *(len(condition(r)) + 1 for r in rows))
-    typer.echo(f"{'run (model)':<{width}}{'preset':<{cw}}{'episodes':>9}{'failed':>7}{'success':>16}{'≥900':>7}{'≥860':>7}"
-               f"{'score':>8}{'|lat|':>7}{'DS':>6}")
-    for r in rows:
-        typer.echo(f"{r['run'] + ' (' + r['model'] + ')':<{width}}{condition(r):<{cw}}{r['episodes']:>9}{r['failed']:>7}"
-                   f"{100 * r['success_mean']:>9.0f}% ± {100 * r['success_std']:<3.0f}{100 * r['score_ge_900']:>6.0f}%"
-                   f"{100 * r['score_ge_860']:>6.0f}%{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
+    repeats = renamed("--runs", "--repeats", old_repeats, repeats)
+    uncalibrated = renamed("--raw", "--uncalibrated", raw, uncalibrated)
+    loaded = _load_runs(runs, uncalibrated=uncalibrated)  # the workers load their own copies (other processes, or one per lockstep group)
+    monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
+    if monitor_dir is not None:
+        _check_monitor_inputs(loaded, monitor_score)
+    if fallback != "none" and monitor_dir is None:
+        raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
+    drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
+                        renderer=renderer.value, raw=uncalibrated,
+                        device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * FPS)), **monitoring)
+    corruptions = _closed_loop_corruptions(corruption)
+    config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+                        corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
+                        backend=backend.value, address=address, inference=inference.value)
+    with _writing(out, "eval"):
+        rows = evaluate_closed_loop(config, out, resume=resume)
+    typer.echo("\n".join(_summary_table(rows)))
     if drive.monitor_score is not None:
         typer.echo(f"monitor {drive.monitor_score} > {drive.monitor_threshold:.4g} (smoothed over {drive.monitor_smooth} steps), "
                    f"fallback {drive.fallback}:")
         for r in rows:
             lap = f"{r['mean_lap_steps'] / 50:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
-            typer.echo(f"  {r['run']} {condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
+            typer.echo(f"  {r['run']} {_condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
                        f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}")
     typer.echo(f"per-step logs and summary → {out}")
     _warn_of_faults(out)
 
 
+#: ``eval``'s terminal table: the most columns it may take (aggregates.json holds every aggregate)
+TABLE_WIDTH = 100
+
+
+def _condition(row: dict[str, Any]) -> str:
+    """A row's colour preset, with its corruption when it has one (``default+fog-3``)."""
+    return row["colour_preset"] if row["corruption"] == "none" else f"{row['colour_preset']}+{row['corruption']}"
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut with an ellipsis."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
+    """``eval``'s table in at most :data:`TABLE_WIDTH` columns: per run and condition the episodes,
+    the faults (episodes an exception ended), the laps finished beside the off-road events, success
+    mean ± std over the repeats, mean score, mean |lateral error| and driving score. Long run and
+    condition names are cut with an ellipsis."""
+    head = f"{'episodes':>9}{'faults':>7}{'laps':>6}{'off-road':>9}{'success':>13}{'score':>8}{'|lat|':>7}{'DS':>6}"
+    condition_width = min(max(len("condition"), *(len(_condition(r)) for r in rows)) + 1, 18)
+    run_width = min(max(len("run (model)"), *(len(f"{r['run']} ({r['model']})") for r in rows)) + 2,
+                    TABLE_WIDTH - len(head) - condition_width)
+    lines = [f"{'run (model)':<{run_width}}{'condition':<{condition_width}}{head}"]
+    for r in rows:
+        lines.append(f"{_clip(r['run'] + ' (' + r['model'] + ')', run_width - 1):<{run_width}}"
+                     f"{_clip(_condition(r), condition_width - 1):<{condition_width}}{r['episodes']:>9}{r['faults']:>7}"
+                     f"{r['laps']:>6}{r['off_road_events']:>9}{100 * r['success_mean']:>6.0f}% ± {100 * r['success_std']:<3.0f}"
+                     f"{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
+    return lines
+
+
 def _warn_of_faults(eval_dir: Path) -> None:
     """Say on stderr how many episodes a fault ended (an exception, not the driving) and the first
-    reason, which the table counts as ``failed`` and summary.csv lists."""
+    reason, which the table counts as ``faults`` and summary.csv lists."""
     from nsacdrive.eval.results import load_records
 
     faults = [record for record in load_records(eval_dir) if record["failed"]]
@@ -694,6 +657,19 @@ def _warn_of_faults(eval_dir: Path) -> None:
                     fg="yellow", err=True)
 
 
+#: how a run gets the feature density that the ``density`` monitor score reads
+_DENSITY_ADVICE = ", or fit the runs' feature density with `nsacdrive calibrate RUN --data DATA`, then evaluate and monitor again"
+
+
+def _check_monitor_inputs(loaded: dict[Path, tuple[Any, Any]], score: str) -> None:
+    """Refuse the ``density`` score for a run without ``RUN/density.safetensors``: its alarms could
+    never fire, and the evaluation would silently run without a monitor."""
+    lacking = [str(run) for run, (controller, _) in loaded.items() if getattr(controller, "density", None) is None]
+    if score == "density" and lacking:
+        raise Refusal(f"--monitor-score density: {', '.join(lacking)}: no feature density (density.safetensors); "
+                      "run `nsacdrive calibrate RUN --data DATA`, or pass another --monitor-score")
+
+
 def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:
     """DriveConfig's monitor fields from a ``nsacdrive monitor`` folder: the score's threshold, the smoothing, the warm-up."""
     path = monitor_dir / "monitor.json"
@@ -701,7 +677,8 @@ def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:
         saved = json.loads(path.read_text())
         entry = saved["scores"].get(score)
         if entry is None:
-            raise typer.BadParameter(f"{path} has no score {score!r}; it has {', '.join(saved['scores'])}", param_hint="--monitor-score")
+            raise typer.BadParameter(f"{path} has no score {score!r}; it has {', '.join(saved['scores'])}: pass one as "
+                                     f"--monitor-score{_DENSITY_ADVICE if score == 'density' else ''}", param_hint="--monitor-score")
         return {"monitor_score": score, "monitor_threshold": float(entry["threshold"]),
                 "monitor_smooth": int(saved["config"]["smooth_steps"]), "monitor_warmup": int(saved["config"]["warmup_steps"])}
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
@@ -723,28 +700,24 @@ def plot(
 
     out = out if out is not None else eval_dir / "figures"
     check_output_folder(out)
-    try:
-        load_aggregates(eval_dir)  # validate the folder before writing anything
-        records = load_records(eval_dir)
-        if episodes is None:
-            chosen = choose_episodes(records)
-        elif episodes.strip() == "all":
-            chosen = [r["episode_id"] for r in records if not r["failed"]]
-        else:
-            chosen = [e.strip() for e in episodes.split(",") if e.strip()]
-            unknown = sorted(set(chosen) - {r["episode_id"] for r in records})
-            if unknown:
-                raise EvaluationError(f"--episodes: no episode {', '.join(unknown)} in {eval_dir / 'episodes'}")
-        for path in write_evaluation_figures(eval_dir, out):
+    load_aggregates(eval_dir)  # validate the folder before writing anything
+    records = load_records(eval_dir)
+    if episodes is None:
+        chosen = choose_episodes(records)
+    elif episodes.strip() == "all":
+        chosen = [r["episode_id"] for r in records if not r["failed"]]
+    else:
+        chosen = [e.strip() for e in episodes.split(",") if e.strip()]
+        unknown = sorted(set(chosen) - {r["episode_id"] for r in records})
+        if unknown:
+            raise EvaluationError(f"--episodes: no episode {', '.join(unknown)} in {eval_dir / 'episodes'}")
+    for path in write_evaluation_figures(eval_dir, out):
+        typer.echo(path)
+    for episode_id in chosen:
+        for path in write_episode_figures(eval_dir, episode_id, out):
             typer.echo(path)
-        for episode_id in chosen:
-            for path in write_episode_figures(eval_dir, episode_id, out):
-                typer.echo(path)
-        for episode_id in chosen[:videos]:
-            typer.echo(write_episode_video(eval_dir, episode_id, out / "videos" / f"{episode_id}.mp4", samples=samples))
-    except EvaluationError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    for episode_id in chosen[:videos]:
+        typer.echo(write_episode_video(eval_dir, episode_id, out / "videos" / f"{episode_id}.mp4", samples=samples))
 
 
 @app.command()
@@ -771,11 +744,7 @@ def report(
             raise typer.BadParameter("--perturbation: choose a preset other than 'default' (the clean frames)")
     chosen = tuple(e.strip() for e in episodes.split(",") if e.strip()) if episodes is not None else None
     config = ReportConfig(run=run, offline=offline, monitor=monitor, episodes=chosen or None, frames=frames, perturbation=perturbation)
-    try:
-        index = write_report(eval_dir, out, config)
-    except ValueError as exc:  # EvaluationError, CheckpointError and bad folders are ValueErrors
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    index = write_report(eval_dir, out, config)
     typer.echo(f"report → {index}")
 
 
@@ -792,7 +761,7 @@ def dagger(
     colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
     epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
     lr: Optional[float] = typer.Option(None, "--lr", help="Fine-tuning learning rate of every round (default: the init run's)."),
-    max_steps: int = typer.Option(1000, "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
+    max_steps: int = typer.Option(MAX_EPISODE_STEPS, "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
     max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
     eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
     eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Comma-separated presets of that table, e.g. default,shift-3."),
@@ -806,18 +775,14 @@ def dagger(
         start_worker_server(WORKER_TASKS_MODULE)  # the rounds' drives and the evaluation fork their workers from it
     from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
 
-    try:
-        config = DaggerConfig(init=str(init), expert=expert, rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
-                              beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),
-                              epochs_per_round=epochs_per_round, lr=lr, max_steps=max_steps,
-                              max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,
-                              eval_colour_presets=tuple(_presets(eval_colour_preset)),
-                              eval_max_steps=eval_max_steps if eval_max_steps is not None else max_steps)
-        with _writing(out, "dagger"):
-            report = Dagger(config, out).run()
-    except (ValueError, FileExistsError) as exc:  # CheckpointError and dataset errors are ValueErrors
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    config = DaggerConfig(init=str(init), expert=expert, rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
+                          beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),
+                          epochs_per_round=epochs_per_round, lr=lr, max_steps=max_steps,
+                          max_batches_per_epoch=max_batches_per_epoch, workers=workers, seed=seed, eval_seeds=eval_seeds,
+                          eval_colour_presets=tuple(_presets(eval_colour_preset)),
+                          eval_max_steps=eval_max_steps if eval_max_steps is not None else max_steps)
+    with _writing(out, "dagger"):
+        report = Dagger(config, out).run()
     if "closed_loop" in report:
         typer.echo(format_report(report))
     typer.echo(f"DAgger rounds → {out}/runs, report → {out}/report.json")

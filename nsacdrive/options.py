@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import typer
+
+T = TypeVar("T")
 
 
 def choice(name: str, values: Iterable[str]) -> type[enum.Enum]:
@@ -15,3 +21,25 @@ def choice(name: str, values: Iterable[str]) -> type[enum.Enum]:
 def split_names(text: str) -> list[str]:
     """``"default, shift-3,"`` → ``["default", "shift-3"]``: the items of a comma-separated option."""
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def old_spelling(flag: str, **checks: Any) -> Any:
+    """A hidden option under a renamed flag's old spelling, kept for one release: None unless given
+    (``checks``: the new flag's bounds, e.g. ``min=1``); :func:`renamed` reads it."""
+    return typer.Option(None, flag, hidden=True, **checks)
+
+
+def renamed(old: str, new: str, given: T | None, value: T) -> T:
+    """The value of option ``new``, or, when its old spelling ``old`` was given, that one's, with a
+    warning on stderr that names the new spelling."""
+    if given is None:
+        return value
+    typer.secho(f"warning: {old} is deprecated, use {new}", fg="yellow", err=True)
+    return given
+
+
+def config_default(config: type, name: str) -> Any:
+    """The default of field ``name`` of the dataclass ``config``: an option's default read from the
+    config that owns it, so ``--help`` and the config cannot disagree."""
+    field = next(f for f in dataclasses.fields(config) if f.name == name)
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default

@@ -7,8 +7,10 @@ from typing import List, Optional
 
 import typer
 
+from nsacdrive.data_collection.udacity_import import ImportConfig
+from nsacdrive.errors import concerning
 from nsacdrive.eval.modes import THROTTLE_MODES
-from nsacdrive.options import choice
+from nsacdrive.options import choice, config_default, old_spelling, renamed
 from nsacdrive.outputs import check_output_file, check_output_folder
 
 Throttle = choice("Throttle", THROTTLE_MODES)
@@ -21,22 +23,17 @@ def import_recording(
     recording: Path = typer.Argument(..., help="Recording folder: driving_log.csv (header optional) + IMG/."),
     out: Path = typer.Option(..., "--out", help="Dataset folder (created; episodes + sidecars + manifest.json)."),
     skip_missing: bool = typer.Option(False, "--skip-missing", help="Leave out rows whose images are missing or unreadable instead of failing."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Track seed of the first episode (episodes get seed, seed+1, …); "
+    seed: int = typer.Option(config_default(ImportConfig, "first_seed"), "--seed", min=0, help="Track seed of the first episode (episodes get seed, seed+1, …); "
                              "give disjoint ranges to import several recordings into one folder."),
-    episode_length: int = typer.Option(200, "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
+    episode_length: int = typer.Option(config_default(ImportConfig, "episode_length"), "--episode-length", min=1, help="Steps per episode (the last of a stretch takes the rest)."),
     allow_outside: bool = typer.Option(False, "--allow-outside", help="Read image paths that lead outside the recording "
                                        "folder (after .. and symlinks); refused by default."),
 ) -> None:
     """Import a Udacity simulator recording as episodes (source udacity-import) for `nsacdrive train`."""
     check_output_folder(out)
-    from nsacdrive.data_collection.udacity_import import ImportConfig, UdacityImportError
     from nsacdrive.data_collection.udacity_import import import_recording as run_import
 
-    try:
-        result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing, allow_outside), progress=True)
-    except UdacityImportError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    result = run_import(recording, out, ImportConfig(episode_length, seed, skip_missing, allow_outside), progress=True)
     for line in result.problems.lines():
         typer.secho(f"skipped {line}", fg="yellow", err=True)
     typer.echo(f"imported {result.episodes} episodes ({result.steps} steps; track seeds {seed}-{seed + result.episodes - 1}; "
@@ -60,12 +57,12 @@ def serve(
     cors_origin: Optional[List[str]] = typer.Option(None, "--cors-origin", help="A browser origin allowed to connect, e.g. "
                                                     "http://localhost:8080 (repeat or comma-separate; default: none — the simulator sends no origin)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
-    raw: bool = typer.Option(False, "--raw", help="Ignore the run's calibration.json (`nsacdrive calibrate`)."),
+    uncalibrated: bool = typer.Option(False, "--uncalibrated", help="Ignore the run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
+    raw: Optional[bool] = old_spelling("--raw"),
 ) -> None:
     """Drive the Udacity simulator: a Socket.IO server (the simulator's protocol) answering telemetry with a controller."""
     import logging
 
-    from nsacdrive.controllers.checkpoint import CheckpointError
     from nsacdrive.eval.serve.udacity_server import (
         FrameLog,
         ServeConfig,
@@ -84,12 +81,9 @@ def serve(
     events.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("nsacdrive.eval.serve.udacity_server").addHandler(events)
     logging.getLogger("nsacdrive.eval.serve.udacity_server").setLevel(logging.INFO)
-    try:
-        origins = parse_origins(cors_origin or [])
-        handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit, pedal_caution, gas_caution), samples, raw)
-    except (CheckpointError, ValueError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    origins = parse_origins(cors_origin or [])
+    handler = TelemetryHandler.from_run(run, ServeConfig(throttle.value, speed_limit, slow_limit, pedal_caution, gas_caution), samples,
+                                      renamed("--raw", "--uncalibrated", raw, uncalibrated))
     frame_log = FrameLog(log, overwrite_log) if log is not None else None
 
     def ready() -> None:
@@ -98,13 +92,8 @@ def serve(
         typer.echo(f"serving {run} on {host}:{port} (throttle {throttle.value}, log {log or 'off'}, {recalibrated}); Ctrl-C stops")
 
     try:
-        serve(handler, host, port, frame_log, ready, origins)
-    except ImportError as exc:
-        typer.secho(f"error: {exc}; install the extra: pip install -e '.[udacity]'", fg="red", err=True)
-        raise typer.Exit(2) from None
-    except OSError as exc:
-        typer.secho(f"error: server on {host}:{port}: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        with concerning(f"server on {host}:{port}", (OSError,)):
+            serve(handler, host, port, frame_log, ready, origins)
     finally:
         if frame_log is not None:
             frame_log.close()

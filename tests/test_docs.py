@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: the user's pages: provenance (dates, machines, issue numbers) lives with the results, not here
 USER_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "guide").glob("*.md")),
-              *sorted((ROOT / "docs" / "getting-started").glob("*.md"))]
+              *sorted((ROOT / "docs" / "getting-started").glob("*.md")), *sorted((ROOT / "docs" / "extending").glob("*.md"))]
 PROVENANCE = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bissues? \d+|\b(Xeon|EPYC|Zen ?4|Intel machine|AMD machine)\b", re.IGNORECASE)
 
 
@@ -38,3 +38,9 @@ def test_the_readme_python_example_drives_a_run_and_reads_its_uncertainty(tmp_pa
     printed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in printed] == ["0", "100"]
     assert all(line.count("[") == 3 for line in printed)  # the action and both variances
+
+
+def test_the_reference_pages_are_what_the_code_gives():
+    from bench.reference import check
+
+    assert check() == []

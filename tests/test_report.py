@@ -59,7 +59,7 @@ def nsac_eval(data, tmp_path_factory) -> Path:
     write_tables([evaluate_run(run, data, perturbed_preset="shift-3", max_samples=16)], folder / "offline")
     from nsacdrive.eval.monitor import MonitorConfig, run_monitor, write_monitor
 
-    write_monitor(*run_monitor([folder / "eval"], config=MonitorConfig(windows_s=(1,), warmup_steps=5)), folder / "monitor")
+    write_monitor(*run_monitor([folder / "eval"], config=MonitorConfig(windows_s=(1,), warmup_steps=5, threshold="gamma")), folder / "monitor")
     return folder / "eval"
 
 

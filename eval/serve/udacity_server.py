@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 import cv2
 import numpy as np
 
+from nsacdrive.common.extras import MissingExtra
 from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals, gas_caution_fits
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.data_collection.udacity_layout import FRAME_SIZE, MAX_FRAME_BYTES, declared_frame_size
@@ -395,11 +396,14 @@ def serve(handler: TelemetryHandler, host: str = "127.0.0.1", port: int = 4567, 
     adds CORS headers for the requests the gate let through. A polling request may carry at most
     :data:`MAX_MESSAGE_BYTES` (eventlet caps a websocket frame at 8 MiB).
     """
-    with warnings.catch_warnings():  # eventlet warns on import that it is in bugfix-only mode; pinned on purpose
-        warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
-        import eventlet
-        import eventlet.wsgi
-    import socketio
+    try:
+        with warnings.catch_warnings():  # eventlet warns on import that it is in bugfix-only mode; pinned on purpose
+            warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
+            import eventlet
+            import eventlet.wsgi
+        import socketio
+    except ImportError as exc:
+        raise MissingExtra(f"{exc}; install the extra: pip install -e '.[udacity]'") from exc
 
     sio = socketio.Server(async_mode="eventlet", always_connect=True, async_handlers=False, cors_allowed_origins="*",
                           max_http_buffer_size=MAX_MESSAGE_BYTES)

@@ -1,0 +1,55 @@
+"""The command line's names and defaults: renamed flags keep their old spelling for a release,
+the recommended monitor settings are the defaults, and terminal tables fit 100 columns."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from data_fixtures import normalize
+from typer.testing import CliRunner
+
+from nsacdrive.cli import TABLE_WIDTH, _summary_table, app
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def options_of(command: str) -> dict[str, object]:
+    """Option name → click parameter of ``nsacdrive COMMAND`` (hidden ones included)."""
+    group = typer.main.get_command(app)
+    found = group.get_command(group.context_class(group), command)
+    return {opt: param for param in found.params for opt in getattr(param, "opts", [])}
+
+
+@pytest.mark.parametrize(("command", "old", "new"), [("eval", "--runs", "--repeats"), ("eval", "--raw", "--uncalibrated"),
+                                                     ("evaluate-offline", "--raw", "--uncalibrated")])
+def test_a_renamed_flag_keeps_its_old_spelling_hidden(command, old, new):
+    options = options_of(command)
+    assert not options[new].hidden and options[old].hidden
+    help_text = normalize(invoke(command, "--help").output)
+    assert new in help_text and old not in help_text.replace(new, "")
+
+
+def test_the_old_spelling_still_works_and_says_it_is_deprecated(tmp_path):
+    result = invoke("eval", tmp_path / "no-run", "--seeds", "1000", "--runs", "2", "--out", tmp_path / "eval")
+    assert "warning: --runs is deprecated, use --repeats" in normalize(result.output)
+
+
+def test_the_recommended_monitor_settings_are_the_defaults():
+    from nsacdrive.eval.monitor import MonitorConfig
+
+    assert MonitorConfig().threshold == "window-rate"
+    assert options_of("monitor")["--threshold"].default == "window-rate"
+    assert options_of("eval")["--monitor-score"].default == "density"
+
+
+def test_evals_terminal_table_fits_100_columns_and_shows_laps_beside_off_road_events():
+    row = {"run": "runs/" + "a-very-long-run-name-" * 6, "model": "ensemble", "colour_preset": "shift-3",
+           "corruption": "camera-tilt-4", "episodes": 110, "faults": 0, "laps": 97, "off_road_events": 23,
+           "success_mean": 0.88, "success_std": 0.04, "score_mean": 901.3, "mean_abs_lateral_error": 1.42, "driving_score": 0.93}
+    lines = _summary_table([row, {**row, "run": "runs/nsac", "corruption": "none"}])
+    assert max(len(line) for line in lines) <= TABLE_WIDTH
+    header = lines[0].split()
+    assert header.index("laps") + 1 == header.index("off-road")
+    assert "…" in lines[1] and lines[2].startswith("runs/nsac (")
