@@ -633,9 +633,11 @@ def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
     mean ± std over the repeats, mean score, mean |lateral error| and driving score. Long run and
     condition names are cut with an ellipsis."""
     head = f"{'episodes':>9}{'faults':>7}{'laps':>6}{'off-road':>9}{'success':>13}{'score':>8}{'|lat|':>7}{'DS':>6}"
-    condition_width = min(max(len("condition"), *(len(_condition(r)) for r in rows)) + 1, 18)
-    run_width = min(max(len("run (model)"), *(len(f"{r['run']} ({r['model']})") for r in rows)) + 2,
-                    TABLE_WIDTH - len(head) - condition_width)
+    condition_need = max(len("condition"), *(len(_condition(r)) for r in rows)) + 1
+    run_need = max(len("run (model)"), *(len(f"{r['run']} ({r['model']})") for r in rows)) + 1
+    room = TABLE_WIDTH - len(head)
+    condition_width = condition_need if run_need + condition_need <= room else min(condition_need, max(18, room - run_need))
+    run_width = min(run_need, room - condition_width)
     lines = [f"{'run (model)':<{run_width}}{'condition':<{condition_width}}{head}"]
     for r in rows:
         lines.append(f"{_clip(r['run'] + ' (' + r['model'] + ')', run_width - 1):<{run_width}}"
