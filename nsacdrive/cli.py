@@ -687,6 +687,17 @@ def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:
         raise typer.BadParameter(f"{path}: not a `nsacdrive monitor` result ({exc})", param_hint="--monitor") from None
 
 
+@app.command("episodes")
+def episodes(
+    eval_dir: Path = typer.Argument(..., help="Evaluation folder written by `nsacdrive eval --out`."),
+    misbehaving: bool = typer.Option(False, "--misbehaving", help="Only the episodes that misbehaved (off the road, spun, stalled, left the playfield) or faulted."),
+) -> None:
+    """One line per episode of an evaluation: lapped or not, score, seconds, and each misbehaviour event with its start and end."""
+    from nsacdrive.eval.episode_table import episode_lines
+
+    typer.echo("\n".join(episode_lines(eval_dir, misbehaving_only=misbehaving)))
+
+
 @app.command("plot")
 def plot(
     eval_dir: Path = typer.Argument(..., help="Evaluation folder written by `nsacdrive eval --out`."),
