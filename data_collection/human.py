@@ -38,7 +38,7 @@ from nsacdrive.envs.camera_window import CameraWindow, Readout
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
-from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV
+from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV, RECORDING_ENVS
 from nsacdrive.envs.udacity_style import FRAME_SHAPE, SideCameraLog
 
 FPS = 50  # CarRacing's own frame rate (the human render ticks at it)
@@ -177,8 +177,8 @@ def record_human(
                 continue
             if out is not None:
                 arrays, metadata = episode_from_steps(
-                    steps, env, source=agent.source, agent_config=agent.config(), agent_spec="human",
-                    track_seed=seed, colour_preset=config.colour_preset, renderer=config.renderer,
+                    steps, env, frame_kind=RECORDING_ENVS[config.env], source=agent.source, agent_config=agent.config(),
+                    agent_spec="human", track_seed=seed, colour_preset=config.colour_preset, renderer=config.renderer,
                     max_steps=config.max_steps, side_frames=env.frames if isinstance(env, SideCameraLog) else None,
                 )
                 episode_id = _episode_id(config, seed, stamp, len(session.written))

@@ -1,7 +1,8 @@
 """Run any Agent over seeds × colour presets and write one lossless episode per run.
 
-Two envs (``ENVS``): ``carracing`` (the 96×96 top-down frame) and ``udacity-style``
-(:mod:`nsacdrive.envs.udacity_style`: 160×320 front-camera frames, all three cameras recorded). Two output
+Two built-in envs (``ENVS``): ``carracing`` (the 96×96 top-down frame) and ``udacity-style``
+(:mod:`nsacdrive.envs.udacity_style`: 160×320 front-camera frames, all three cameras recorded), and
+any env registered with :func:`nsacdrive.envs.observation_kinds.register_observation_kind`. Two output
 layouts (``LAYOUTS``): ``episodes`` (the standard lossless format) and, for ``udacity-style``,
 ``udacity`` (:mod:`nsacdrive.data_collection.udacity_layout`: JPEGs + ``driving_log.csv``).
 
@@ -42,13 +43,11 @@ from nsacdrive.data_collection.udacity_layout import (
     write_driving_log,
     write_udacity_episode,
 )
-from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS, make_car_racing
+from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
-from nsacdrive.envs.observation import PREPROCESS_VERSION
-from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV
+from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV, RECORDING_ENVS, make_kind_env, observation_kind
 from nsacdrive.envs.state import STATE_FIELDS, shifted_sideways
-from nsacdrive.envs.udacity_observation import UDACITY_PREPROCESS_VERSION
 from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
 from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
@@ -58,7 +57,9 @@ from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
 DEFAULT_RENDERER = "fast"
 #: the side cameras' lateral offset unless told otherwise: the front camera's (the Udacity simulator's)
 DEFAULT_SIDE_OFFSET = CameraConfig().side_offset
-ENVS = ("carracing", "udacity-style")
+#: the env names ``CollectConfig.env`` takes, registered ones included (a live view of
+#: :data:`nsacdrive.envs.observation_kinds.RECORDING_ENVS`)
+ENVS = RECORDING_ENVS.keys()
 LAYOUTS = ("episodes", "udacity")
 
 
@@ -112,12 +113,12 @@ def make_recording_env(env: str, colour_preset: str, max_steps: int, renderer: s
                        render_mode: str | None = None, camera: CameraConfig = CameraConfig()) -> gymnasium.Env:
     """The env a recording drives: ``udacity-style`` records its side cameras too (in a
     :class:`SideCameraLog`, ``camera.side_offset`` units to either side, all three with ``camera``'s
-    field of view); ``carracing`` draws its frames with ``renderer``. ``render_mode``: gymnasium's."""
+    field of view); ``carracing`` and registered envs draw their frames with ``renderer``.
+    ``render_mode``: gymnasium's."""
     if env == "udacity-style":
         return SideCameraLog(make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_steps,
                                                 side_cameras=True, render_mode=render_mode, camera=camera))
-    return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_steps, renderer=renderer,
-                           render_mode=render_mode)
+    return make_kind_env(RECORDING_ENVS[env], colour_preset, max_steps, renderer, render_mode)
 
 
 def prepare_folder(out: Path, layout: str) -> None:
@@ -236,6 +237,7 @@ def episode_from_steps(
     steps: list[Step],
     env: gymnasium.Env,
     *,
+    frame_kind: str,
     source: str,
     agent_config: dict[str, Any],
     agent_spec: str,
@@ -247,7 +249,8 @@ def episode_from_steps(
     mixing: MixingConfig | None = None,
     side_frames: dict[str, list[np.ndarray]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed).
+    """The standard episode arrays and sidecar metadata for ``steps`` driven in ``env`` (which may be closed),
+    whose frames are of observation kind ``frame_kind`` (the recorder env's, :data:`RECORDING_ENVS`).
 
     ``side_frames`` (camera name → T+1 frames, e.g. :attr:`nsacdrive.envs.udacity_style.SideCameraLog.frames`)
     become the optional ``<name>_observations`` arrays."""
@@ -275,7 +278,7 @@ def episode_from_steps(
     front_camera = isinstance(base, UdacityStyleCarRacing)
     metadata = {
         "env_id": UDACITY_STYLE_ENV_ID if front_camera else ENV_ID,
-        "frame_kind": "udacity" if front_camera else "carracing",
+        "frame_kind": frame_kind,
         "cameras": ["center", *(side_frames or {})],
         "base_env": "CarRacing-v3",
         "gymnasium_version": gymnasium.__version__,
@@ -294,7 +297,7 @@ def episode_from_steps(
         "lap_finished": bool(last.info.get("lap_finished", False)),
         "termination_reason": termination_reason(last.terminated, last.truncated, last.info),
         "state_fields": list(STATE_FIELDS),
-        "preprocess": UDACITY_PREPROCESS_VERSION if front_camera else PREPROCESS_VERSION,
+        "preprocess": observation_kind(frame_kind).version,
         "python": platform.python_version(),
     }
     if front_camera:
@@ -317,7 +320,7 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     env.close()
     side_frames = env.frames if isinstance(env, SideCameraLog) else None
     arrays, metadata = episode_from_steps(
-        steps, env,
+        steps, env, frame_kind=RECORDING_ENVS[job.env],
         source=job.mixing.source if job.mixing is not None else agent.source,
         agent_config=agent.config(), agent_spec=job.agent, track_seed=job.track_seed,
         colour_preset=job.colour_preset, renderer=job.renderer, max_steps=job.max_steps,

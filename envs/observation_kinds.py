@@ -24,6 +24,11 @@ recording has none). Timestamps are one convention for every kind — frames cou
 CarRacing's 50 Hz (:func:`nsacdrive.data_collection.dataset.sequence_timestamps`) — so the closed-loop
 agents need no per-kind timing; for Udacity recordings (~10 Hz) they are a nominal time scale
 the heads learn, not wall-clock seconds.
+
+An environment joins with :func:`register_observation_kind`: its frame kind and a maker of its
+env (CarRacing underneath), after which the recorder records it (``CollectConfig.env``, one of
+:data:`RECORDING_ENVS`), training reads its frames (``ModelConfig.observation``) and
+:func:`make_env_for` builds it for the closed loop, in the registering process.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 
-from nsacdrive.envs.car_racing import INTRO_STEPS
+from nsacdrive.envs.car_racing import INTRO_STEPS, NsacCarRacing, make_car_racing
 from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
 from nsacdrive.envs.observation import (
     PREPROCESS_VERSION,
@@ -80,6 +86,45 @@ OBSERVATION_KINDS: dict[str, ObservationKind] = {
                                encode_udacity, divisor=127.5, offset=-1.0, version=UDACITY_PREPROCESS_VERSION,
                                intro_steps=0, default_encoder="nvidia", env="udacity-style"),
 }
+#: the recorder's envs (``CollectConfig.env``) → the observation kind whose frames each draws
+RECORDING_ENVS: dict[str, str] = {kind.env: kind.name for kind in OBSERVATION_KINDS.values()}
+
+#: ``make_env(colour_preset=, max_episode_steps=, renderer=, render_mode=)`` → an env whose
+#: ``unwrapped`` is CarRacing (:class:`nsacdrive.envs.car_racing.NsacCarRacing`)
+EnvMaker = Callable[..., gym.Env]
+#: how each kind's env is built, by kind name; ``udacity``'s front-camera simulator is absent: it
+#: needs a camera, which :func:`make_env_for` and the recorder give it
+ENV_MAKERS: dict[str, EnvMaker] = {"carracing": make_car_racing}
+
+
+def register_observation_kind(kind: ObservationKind, make_env: EnvMaker) -> None:
+    """Add ``kind`` and the env that draws its frames, ``make_env`` (see :data:`EnvMaker`), under
+    the env name ``kind.env``: the recorder, training and :func:`make_env_for` then take them like
+    the built-in ones, in this process only. The env must keep CarRacing underneath, since the
+    expert, the recorder and the closed loop read its track and car state."""
+    if not kind.name or not kind.env or any(c in kind.env for c in "/\\: "):
+        raise ValueError(f"observation kind {kind.name!r}, env {kind.env!r}: give non-empty names, the env's free of "
+                         "'/', '\\', ':' and spaces (episode ids end in it)")
+    if kind.name in OBSERVATION_KINDS:
+        raise ValueError(f"observation kind {kind.name!r} is already registered")
+    if kind.env in RECORDING_ENVS:
+        raise ValueError(f"env {kind.env!r} is already registered")
+    OBSERVATION_KINDS[kind.name] = kind
+    RECORDING_ENVS[kind.env] = kind.name
+    ENV_MAKERS[kind.name] = make_env
+
+
+def make_kind_env(name: str, colour_preset: str, max_episode_steps: int, renderer: str,
+                  render_mode: str | None = None) -> gym.Env:
+    """Kind ``name``'s env from :data:`ENV_MAKERS`, checked to be CarRacing underneath (a wrapper
+    may change the frames, not the car or the track the agents read)."""
+    env = ENV_MAKERS[name](colour_preset=colour_preset, max_episode_steps=max_episode_steps, renderer=renderer,
+                           render_mode=render_mode)
+    if not isinstance(env.unwrapped, NsacCarRacing):
+        env.close()
+        raise TypeError(f"env {OBSERVATION_KINDS[name].env!r}: env.unwrapped must be nsacdrive's CarRacing "
+                        f"(make_car_racing), got {type(env.unwrapped).__name__}")
+    return env
 
 
 def observation_kind(name: str, what: str = "observation") -> ObservationKind:
@@ -114,8 +159,8 @@ def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer
 
     ``carracing``: CarRacing with ``renderer`` (fast or stock); ``udacity``: the front-camera
     simulator (:func:`nsacdrive.envs.udacity_style.make_udacity_style`, which has one renderer of its
-    own) with a ``camera_fov``-degree camera (None: the default)."""
-    from nsacdrive.envs.car_racing import make_car_racing
+    own) with a ``camera_fov``-degree camera (None: the default); a registered kind: its
+    :data:`ENV_MAKERS` entry with ``renderer``."""
     from nsacdrive.envs.udacity_style import make_udacity_style
 
     camera_fov = camera_fov_for(name, camera_fov, "camera_fov")
@@ -124,4 +169,4 @@ def make_env_for(name: str, colour_preset: str, max_episode_steps: int, renderer
             raise ValueError(f"--renderer {renderer!r}: the front-camera simulator has its own renderer; use the default")
         return make_udacity_style(colour_preset=colour_preset, max_episode_steps=max_episode_steps,
                                   camera=CameraConfig(horizontal_fov=camera_fov))
-    return make_car_racing(colour_preset=colour_preset, max_episode_steps=max_episode_steps, renderer=renderer)
+    return make_kind_env(name, colour_preset, max_episode_steps, renderer)

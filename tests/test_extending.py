@@ -174,3 +174,62 @@ def test_a_model_is_registered_once(keep):
     with pytest.raises(ValueError, match="non-empty"):
         register_model("", MODEL_BUILDERS["gmle"])
     assert REGISTERED_MODEL_NAMES == []
+
+
+# ------------------------------------------------------------------------------ environment
+
+
+def test_the_environment_example_records_trains_and_drives_in_grey(keep, tmp_path, capsys):
+    from nsacdrive.controllers.model_config import ModelConfig
+    from nsacdrive.data_collection.dataset import DatasetError, SequenceDataset
+    from nsacdrive.data_collection.episode import read_sidecar
+    from nsacdrive.data_collection.recorder import ENVS
+    from nsacdrive.envs.observation import PREPROCESS_VERSION
+    from nsacdrive.envs.observation_kinds import ENV_MAKERS, OBSERVATION_KINDS, RECORDING_ENVS
+
+    keep(OBSERVATION_KINDS, RECORDING_ENVS, ENV_MAKERS)
+    data, run = tmp_path / "grey", tmp_path / "run"
+    run_example("environment.md", {"data/grey": str(data), "runs/grey": str(run)})
+    assert capsys.readouterr().out.splitlines() == [
+        "check_env: passed",
+        "expert_default_seed000000_carracing-grey carracing-grey (61, 96, 96, 3) grey: True",
+        "expert_default_seed000001_carracing-grey carracing-grey (61, 96, 96, 3) grey: True",
+        "trained on carracing-grey for 1 epoch",
+        "drove 20 steps in carracing-grey grey: True",
+    ]
+    assert "carracing-grey" in ENVS and ModelConfig(observation="carracing-grey").encoder.kind == "cnn"
+    sidecars = [read_sidecar(path) for path in sorted(data.glob("expert_*.json"))]
+    assert [(s["track_seed"], s["frame_kind"], s["preprocess"]) for s in sidecars] == [
+        (0, "carracing-grey", PREPROCESS_VERSION), (1, "carracing-grey", PREPROCESS_VERSION)]
+    assert len(SequenceDataset(data, observation="carracing-grey", skip_intro=0)) > 0
+    with pytest.raises(DatasetError, match="holds carracing-grey frames"):
+        SequenceDataset(data, observation="carracing")
+
+
+def test_an_environment_is_registered_once_with_carracing_underneath(keep):
+    import dataclasses
+
+    import gymnasium as gym
+
+    from nsacdrive.envs.car_racing import make_car_racing
+    from nsacdrive.envs.observation_kinds import (
+        ENV_MAKERS,
+        OBSERVATION_KINDS,
+        RECORDING_ENVS,
+        make_env_for,
+        register_observation_kind,
+    )
+
+    keep(OBSERVATION_KINDS, RECORDING_ENVS, ENV_MAKERS)
+    carracing = OBSERVATION_KINDS["carracing"]
+    with pytest.raises(ValueError, match="observation kind 'carracing' is already registered"):
+        register_observation_kind(carracing, make_car_racing)
+    with pytest.raises(ValueError, match="env 'udacity-style' is already registered"):
+        register_observation_kind(dataclasses.replace(carracing, name="front", env="udacity-style"), make_car_racing)
+    with pytest.raises(ValueError, match="free of"):
+        register_observation_kind(dataclasses.replace(carracing, name="slashed", env="car/racing"), make_car_racing)
+    assert (len(OBSERVATION_KINDS), len(RECORDING_ENVS), len(ENV_MAKERS)) == (2, 2, 1)
+
+    register_observation_kind(dataclasses.replace(carracing, name="pole", env="pole"), lambda **settings: gym.make("CartPole-v1"))
+    with pytest.raises(TypeError, match="env 'pole': env.unwrapped must be nsacdrive's CarRacing .*got CartPoleEnv"):
+        make_env_for("pole", "default", 10)
