@@ -29,11 +29,6 @@ def clip_to_box(action: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(action, ACTION_HIGH.to(action)), ACTION_LOW.to(action))
 
 
-def gas_caution_fits(pedal_caution: float | None, gas_caution: float | None) -> bool:
-    """Whether a gas caution k may go with ``pedal_caution``: none, or k >= 0 beside a pedal caution."""
-    return gas_caution is None or (pedal_caution is not None and gas_caution >= 0)
-
-
 def cautious_pedals(action: np.ndarray, std: np.ndarray, caution: float | None, gas_caution: float | None = None) -> np.ndarray:
     """Gas at its lower and brake at its upper k-σ bound, clipped to [0, 1] (no-op when caution is None).
 

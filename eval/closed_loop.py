@@ -32,13 +32,12 @@ import csv
 import io
 import json
 import math
-import os
 import traceback
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,111 +45,31 @@ import torch
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import termination_reason
 from nsacdrive.common.atomic import atomic_path, atomic_write_bytes, atomic_write_json, remove_partial_files
-from nsacdrive.common.backends import BACKENDS, run_tasks
+from nsacdrive.common.backends import run_tasks
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
-from nsacdrive.controllers.actions import cautious_pedals, clip_to_box, gas_caution_fits
+from nsacdrive.controllers.actions import cautious_pedals, clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
-from nsacdrive.envs.colours import validate_preset
-from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
+from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
+from nsacdrive.eval.configs import (  # torch-free there: the command line reads their defaults
+    DriveConfig,
+    EpisodeKey,
+    EvalConfig,
+    corruption_of,
+)
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
-from nsacdrive.eval.modes import FALLBACKS, INFERENCE_MODES
-from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, LiveMonitor
+from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, LiveMonitor
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
 #: ``--fallback slow`` above its speed: no gas and this much brake; at or below it, gas at most SLOW_GAS.
 SLOW_BRAKE = 0.2
 SLOW_GAS = 0.1
-
-
-@dataclass(frozen=True)
-class EpisodeKey:
-    run: str
-    colour_preset: str
-    track_seed: int
-    repeat: int
-    corruption: str = NO_CORRUPTION  # a FAMILY-SEVERITY of nsacdrive.envs.corruptions on the controller's frames
-
-    @property
-    def episode_id(self) -> str:
-        suffix = "" if self.corruption == NO_CORRUPTION else f"_{self.corruption}"
-        return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}{suffix}"
-
-
-@dataclass(frozen=True)
-class DriveConfig:
-    """How every episode of an evaluation is driven (what a worker, a video or a report re-drive needs).
-
-    :param max_steps: episode horizon (1000 = CarRacing standard)
-    :param samples: draws per prediction; None: the model's own ``predict_samples``
-    :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
-    :param pedal_caution: k ≥ 0: execute gas − k·σ_gas and brake + k·σ_brake (predictive stds),
-        clipped to the box; None: the pedals' means
-    :param gas_caution: with ``pedal_caution``, the gas's own k (0: brake + k·σ_brake alone);
-        None: ``pedal_caution`` for both pedals
-    :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
-    :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
-    :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
-        smoothed over ``monitor_smooth`` steps, alarming above ``monitor_threshold`` after
-        ``monitor_warmup`` steps (``nsacdrive monitor`` fits them); None: no monitor
-    :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
-        only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
-        privileged expert drives: an intervention), each for ``fallback_steps`` after the last alarm
-    :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
-        episodes' own CPU streams either way, so a GPU drives the same episodes up to float rounding
-    """
-
-    max_steps: int = MAX_EPISODE_STEPS
-    samples: int | None = None
-    throttle_cap: float | None = None
-    pedal_caution: float | None = None
-    gas_caution: float | None = None
-    renderer: str = "fast"
-    raw: bool = False
-    monitor_score: str | None = None
-    monitor_threshold: float | None = None
-    monitor_smooth: int = 10
-    monitor_warmup: int = FPS
-    fallback: str = "none"
-    fallback_steps: int = FPS // 10  # 0.1 s: met the fallback target on 3 seeds where 1 s over-intervened on nominal laps
-    fallback_speed: float = 30.0
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ValueError(f"drive config max_steps must be >= 1, got {self.max_steps}")
-        if self.samples is not None and self.samples < 1:
-            raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
-        if self.throttle_cap is not None and not self.throttle_cap >= 0:
-            raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
-        if self.pedal_caution is not None and not self.pedal_caution >= 0:
-            raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
-        if not gas_caution_fits(self.pedal_caution, self.gas_caution):
-            raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
-                             f"with pedal_caution {self.pedal_caution}")
-        try:
-            torch.device(self.device)
-        except RuntimeError:
-            raise ValueError(f"drive config device: expected a torch device such as cpu or cuda, got {self.device!r}") from None
-        if self.renderer not in RENDERERS:
-            raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
-        if (self.monitor_score is None) != (self.monitor_threshold is None):
-            raise ValueError("drive config monitor_score and monitor_threshold go together")
-        if self.monitor_score is not None and self.monitor_score not in SCORES:
-            raise ValueError(f"drive config monitor_score: expected one of {', '.join(SCORES)}, got {self.monitor_score!r}")
-        if self.fallback not in FALLBACKS:
-            raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
-        if self.fallback != "none" and self.monitor_score is None:
-            raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
-        if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:
-            raise ValueError("drive config monitor_smooth and fallback_steps must be >= 1, monitor_warmup and fallback_speed >= 0")
 
 
 @dataclass
@@ -200,14 +119,6 @@ LOG_FIELDS = ("pose", "speed", "lateral_error", "heading_error", "progress", "ra
               "expert_action", "aleatoric", "epistemic", "attention", "density", "monitor_score", "fallback")
 #: Log fields that older logs lack, and their value when absent (per step).
 OPTIONAL_LOG_FIELDS = {"density": math.nan, "monitor_score": math.nan, "fallback": 0.0}
-
-
-def corruption_of(name: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
-    """The frame transform of corruption ``name`` (``none``: the frame itself)."""
-    if name == NO_CORRUPTION:
-        return lambda frame, seed, step: frame
-    (spec,) = parse_corruptions(name, "corruption")
-    return spec
 
 
 def episode_generator(key: EpisodeKey) -> torch.Generator:
@@ -554,27 +465,13 @@ def batch_groups(keys: Sequence[EpisodeKey], batch: int) -> list[list[EpisodeKey
     return _consecutive(keys, batch, lambda key: key.run)
 
 
-def resolve_inference(inference: str, backend: str, workers: int) -> str:
-    """``inline`` or ``process`` (:func:`run_pipelined`, local worker processes only); ``auto`` picks
-    ``process`` when the local machine has a core to spare for every worker's inference process
-    (cores ≥ 2 × workers)."""
-    if inference not in INFERENCE_MODES:
-        raise ValueError(f"inference: expected one of {', '.join(INFERENCE_MODES)}, got {inference!r}")
-    if inference == "process" and backend != "process":
-        raise ValueError("inference 'process' needs backend 'process' (a Ray task keeps its controller inline)")
-    if inference != "auto":
-        return inference
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return "process" if backend == "process" and cores >= 2 * max(workers, 1) else "inline"
-
-
 @dataclass(frozen=True)
 class GroupsTask:
     """One worker task: lockstep groups of one run, how to drive them and where to write them.
 
     :param groups: the lockstep groups (:func:`batch_groups`), driven together when ``inference`` is ``process``
     :param drive: how every episode is driven
-    :param inference: ``inline`` or ``process`` (already resolved, :func:`resolve_inference`)
+    :param inference: ``inline`` or ``process`` (already resolved, :func:`~nsacdrive.eval.configs.resolve_inference`)
     :param out_dir: the evaluation folder (episodes go to its ``episodes/``)
     """
 
@@ -639,92 +536,6 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
             "mean_lap_steps": float(np.mean([r["steps"] for r in ok if r["lap_finished"]])) if any(r["lap_finished"] for r in ok) else math.nan,
         })
     return rows
-
-
-def _distinct(name: str, values: Sequence[Any]) -> None:
-    repeated = sorted(str(value) for value, count in Counter(values).items() if count > 1)
-    if repeated:
-        raise ValueError(f"evaluation config {name}: listed twice: {', '.join(repeated)}")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """A closed-loop evaluation: which episodes, how each is driven, and where they run.
-
-    Every (run, preset, seed, repeat) is one episode; ``repeats`` evaluation runs of ``trials``
-    episodes per (seed, preset) each, episode repeat k = run·trials + trial seeding the controller
-    RNG; success is mean ± std over the evaluation runs.
-
-    :param runs: training run folders (their folder names must differ: episode ids use them)
-    :param seeds: track seeds, the same for every run (paired episodes)
-    :param colour_presets: colour presets, each driven on every seed
-    :param corruptions: ``none`` and/or ``FAMILY-SEVERITY`` corruptions of the controller's frames
-        (:mod:`nsacdrive.envs.corruptions`; the expert and the logs see the true state), each driven
-        under every preset on every seed
-    :param repeats: evaluation runs
-    :param trials: episodes per (seed, preset) in each evaluation run
-    :param drive: how every episode is driven (horizon, draws, throttle cap, renderer)
-    :param batch: episodes driven in lockstep per controller call (:func:`batch_groups`); part of the
-        evaluation's identity like the seeds (a group's rows share one network call, whose float
-        rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups
-    :param workers: parallel tasks
-    :param backend: where tasks run (``nsacdrive.common.backends.run_tasks``: local processes or a
-        Ray cluster); every backend gives the same episodes
-    :param address: the Ray cluster to join (``backend="ray"`` only)
-    :param inference: where the controller runs (:func:`resolve_inference`): ``inline`` in each
-        worker's env loop, or ``process``, its own process beside each worker's, which drives two
-        lockstep groups double-buffered (:func:`run_pipelined`); both give the same episodes; or
-        ``auto``, resolved once, on construction, into ``resolved_inference``
-    """
-
-    runs: tuple[str, ...]
-    seeds: tuple[int, ...]
-    colour_presets: tuple[str, ...] = ("default",)
-    corruptions: tuple[str, ...] = (NO_CORRUPTION,)
-    repeats: int = 1
-    trials: int = 1
-    drive: DriveConfig = field(default_factory=DriveConfig)
-    batch: int = 8
-    workers: int = 1
-    backend: str = "process"
-    address: str | None = None
-    inference: str = "inline"
-    #: ``inline`` or ``process``: ``inference`` resolved for this backend and number of workers
-    resolved_inference: str = field(init=False)
-
-    #: the fields that define the episodes; the others only choose where and how fast they run
-    EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "corruptions", "repeats", "trials", "drive",
-                                                 "batch")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "runs", tuple(str(Path(run)) for run in self.runs))
-        object.__setattr__(self, "seeds", tuple(self.seeds))
-        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
-        object.__setattr__(self, "corruptions", tuple(self.corruptions))
-        for name in ("runs", "seeds", "colour_presets", "corruptions"):
-            if not getattr(self, name):
-                raise ValueError(f"evaluation config {name}: give at least one")
-        _distinct("run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
-        _distinct("seeds", self.seeds)
-        _distinct("colour_presets", self.colour_presets)
-        for preset in self.colour_presets:
-            validate_preset(preset)
-        _distinct("corruptions", self.corruptions)
-        for corruption in self.corruptions:
-            corruption_of(corruption)  # a ValueError naming it, now rather than in a worker
-        for name in ("repeats", "trials", "batch", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"evaluation config {name} must be >= 1, got {getattr(self, name)}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"evaluation config backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.address is not None and self.backend != "ray":
-            raise ValueError(f"evaluation config address: only used with backend 'ray', got backend {self.backend!r}")
-        object.__setattr__(self, "resolved_inference", resolve_inference(self.inference, self.backend, self.workers))
-
-    def keys(self) -> list[EpisodeKey]:
-        """Every episode, in the order lockstep groups are cut from (:func:`batch_groups`)."""
-        return [EpisodeKey(run, preset, seed, repeat, corruption) for run in self.runs for preset in self.colour_presets
-                for corruption in self.corruptions for seed in self.seeds for repeat in range(self.repeats * self.trials)]
 
 
 def _write_summary(out_dir: Path, records: list[dict[str, Any]]) -> None:

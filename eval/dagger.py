@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,44 +33,7 @@ from nsacdrive.data_collection.recorder import CollectConfig, MixingConfig, coll
 from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV, observation_kind
 from nsacdrive.eval.agent_kinds import AGENT_KINDS
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
-
-
-@dataclass(frozen=True)
-class DaggerConfig:
-    """Everything a DAgger run depends on (saved as ``dagger.json``)."""
-
-    init: str  # the behaviour-cloned run every round starts from (round 0)
-    expert: str = "expert"  # the agent spec that labels the visited states (the teacher of the init run's data)
-    rounds: int = 3
-    episodes_per_round: int = 16
-    beta0: float = 0.5
-    beta_decay: float = 0.5
-    seeds: str | None = None  # tracks driven in the rounds; None: the init run's training seeds
-    colour_presets: tuple[str, ...] = ("default",)
-    epochs_per_round: int = 4
-    lr: float | None = None  # fine-tuning learning rate of every round; None: the init run's
-    max_steps: int = 1000  # horizon of the round episodes (recorded with the learner in the loop)
-    max_batches_per_epoch: int | None = None
-    workers: int = 2
-    seed: int = 0
-    eval_seeds: str | None = None  # held-out tracks for the BC-vs-DAgger table; None: no evaluation
-    eval_colour_presets: tuple[str, ...] = ("default",)
-    eval_max_steps: int = 1000  # horizon of the closed-loop comparison's episodes
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
-        object.__setattr__(self, "eval_colour_presets", tuple(self.eval_colour_presets))
-        for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"DAgger config {name} must be >= 1, got {getattr(self, name)}")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"DAgger config lr must be > 0, got {self.lr}")
-        if not (0.0 <= self.beta0 <= 1.0 and 0.0 <= self.beta_decay <= 1.0):
-            raise ValueError(f"DAgger config beta0 and beta_decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
-
-    def beta(self, round_index: int) -> float:
-        """β_k of round k ≥ 1 (the probability that the expert drives a step)."""
-        return self.beta0 * self.beta_decay ** (round_index - 1)
+from nsacdrive.eval.configs import DaggerConfig  # torch-free there: the command line reads its defaults
 
 
 def round_seeds(pool: list[int], count: int, seed: int, round_index: int) -> list[int]:

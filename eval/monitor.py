@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,37 +45,10 @@ import numpy as np
 from nsacdrive.controllers.metrics import average_precision, ood_auroc
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TrackGeometry
-from nsacdrive.eval.misbehaviour import Event, EventConfig, misbehaviour_events, true_runs
-from nsacdrive.eval.modes import DEFAULT_THRESHOLD, MONITOR_THRESHOLDS
+from nsacdrive.eval.configs import MonitorConfig  # torch-free there: the command line reads its defaults
+from nsacdrive.eval.misbehaviour import Event, misbehaviour_events, true_runs
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
 from nsacdrive.eval.results import EvaluationError, clean_conditions, load_episode, load_records
-
-THRESHOLDS = MONITOR_THRESHOLDS
-
-
-@dataclass(frozen=True)
-class MonitorConfig:
-    """How failures are predicted and judged; times in steps of 1/50 s unless named ``_s``."""
-
-    windows_s: tuple[int, ...] = (1, 2, 3)
-    smooth_steps: int = 10
-    warmup_steps: int = FPS  # CarRacing zooms in during the first second; the history fills
-    threshold: str = DEFAULT_THRESHOLD
-    quantile: float = 0.95
-    false_alarm_rate: float = 0.05
-    strata: int = 4
-    events: EventConfig = field(default_factory=EventConfig)
-
-    def __post_init__(self) -> None:
-        if self.threshold not in THRESHOLDS:
-            raise ValueError(f"threshold: expected one of {', '.join(THRESHOLDS)}, got {self.threshold!r}")
-        if not self.windows_s or min(self.windows_s) < 1:
-            raise ValueError(f"windows_s must be positive whole seconds, got {self.windows_s}")
-        if not 0 < self.quantile < 1 or not 0 < self.false_alarm_rate < 1:
-            raise ValueError("quantile and false_alarm_rate must lie in (0, 1)")
-        if self.smooth_steps < 1 or self.strata < 1 or self.warmup_steps < 0:
-            raise ValueError("smooth_steps and strata must be >= 1, warmup_steps >= 0")
-
 
 # --------------------------------------------------------------------------- scores
 

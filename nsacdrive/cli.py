@@ -27,12 +27,12 @@ from nsacdrive.common.workers import start_worker_server
 from nsacdrive.controllers.model_names import DENSITY_SOURCES, MODEL_NAMES, PRECISION_NAMES
 from nsacdrive.data_collection.human import HumanDriveConfig
 from nsacdrive.data_collection.recorder import ENVS, LAYOUTS, CollectConfig, NoiseConfig
-from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
+from nsacdrive.envs.car_racing import FPS, RENDERERS
 from nsacdrive.envs.colours import list_presets
 from nsacdrive.errors import REFUSALS, Refusal, concerning, reason
+from nsacdrive.eval.configs import DaggerConfig, DriveConfig, EvalConfig, MonitorConfig
 from nsacdrive.eval.modes import (
     DEFAULT_MONITOR_SCORE,
-    DEFAULT_THRESHOLD,
     DENSITY_SAMPLES,
     INFERENCE_MODES,
     MONITOR_THRESHOLDS,
@@ -510,15 +510,15 @@ def monitor(
     evaluations: list[Path] = typer.Argument(..., help="Evaluation folders from `nsacdrive eval` (failures, e.g. under --corruption)."),
     fit: Optional[list[Path]] = typer.Option(None, "--fit", help="Evaluation folder(s) of nominal (clean) laps to set the thresholds on; default: the evaluations' own clean episodes."),
     out: Path = typer.Option(Path("runs/monitor"), "--out", help="Folder for monitor.json, monitor.md and figures/."),
-    threshold: Threshold = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="window-rate (recommended): exceeded in --false-alarm-rate of nominal 1 s windows; gamma: the --quantile of a Gamma fitted to the nominal scores."),
-    quantile: float = typer.Option(0.95, "--quantile", min=0.5, max=0.9999),
-    false_alarm_rate: float = typer.Option(0.05, "--false-alarm-rate", min=0.0001, max=0.5),
-    windows: str = typer.Option("1,2,3", "--windows", help="Reaction windows in whole seconds."),
-    smooth_steps: int = typer.Option(10, "--smooth", min=1, help="Trailing mean over this many steps (1/50 s each)."),
+    threshold: Threshold = typer.Option(config_default(MonitorConfig, "threshold"), "--threshold", help="window-rate (recommended): exceeded in --false-alarm-rate of nominal 1 s windows; gamma: the --quantile of a Gamma fitted to the nominal scores."),
+    quantile: float = typer.Option(config_default(MonitorConfig, "quantile"), "--quantile", min=0.5, max=0.9999),
+    false_alarm_rate: float = typer.Option(config_default(MonitorConfig, "false_alarm_rate"), "--false-alarm-rate", min=0.0001, max=0.5),
+    windows: str = typer.Option(",".join(map(str, config_default(MonitorConfig, "windows_s"))), "--windows", help="Reaction windows in whole seconds."),
+    smooth_steps: int = typer.Option(config_default(MonitorConfig, "smooth_steps"), "--smooth", min=1, help="Trailing mean over this many steps (1/50 s each)."),
 ) -> None:
     """Does each score warn before the car fails? Thresholds on nominal laps; precision, recall, F3 per reaction window."""
     check_output_folder(out)
-    from nsacdrive.eval.monitor import MonitorConfig, run_monitor, to_terminal, write_monitor
+    from nsacdrive.eval.monitor import run_monitor, to_terminal, write_monitor
 
     try:
         window_s = tuple(int(w) for w in split_names(windows))
@@ -548,37 +548,37 @@ def _closed_loop_corruptions(text: str) -> tuple[str, ...]:
 def closed_loop_eval(
     runs: list[Path] = typer.Argument(..., help="Run folders from `nsacdrive train`."),
     seeds: str = typer.Option("42,1000-1009", "--seeds", help="Held-out track seeds (the same for every model: paired episodes)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets: {PRESETS}."),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="Times the whole evaluation is repeated: success is reported as mean ± std over the repeats."),
+    colour_preset: str = typer.Option(",".join(config_default(EvalConfig, "colour_presets")), "--colour-preset", help=f"Comma-separated colour presets: {PRESETS}."),
+    repeats: int = typer.Option(config_default(EvalConfig, "repeats"), "--repeats", min=1, help="Times the whole evaluation is repeated: success is reported as mean ± std over the repeats."),
     old_repeats: Optional[int] = old_spelling("--runs", min=1),
-    trials: int = typer.Option(1, "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
-    renderer: Renderer = typer.Option("fast", "--renderer", help="How frames are drawn: fast or stock (gymnasium's code)."),
-    max_steps: int = typer.Option(MAX_EPISODE_STEPS, "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
+    trials: int = typer.Option(config_default(EvalConfig, "trials"), "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
+    renderer: Renderer = typer.Option(config_default(DriveConfig, "renderer"), "--renderer", help="How frames are drawn: fast or stock (gymnasium's code)."),
+    max_steps: int = typer.Option(config_default(DriveConfig, "max_steps"), "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
     workers: int = typer.Option(2, "--workers", min=1),
-    batch: int = typer.Option(8, "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
+    batch: int = typer.Option(config_default(EvalConfig, "batch"), "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
     inference: Inference = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
-    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Draws per prediction (default: the model's own)."),
-    throttle_cap: Optional[float] = typer.Option(None, "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
-    pedal_caution: Optional[float] = typer.Option(None, "--pedal-caution", min=0.0, help="Execute gas − K·σ_gas and brake + K·σ_brake (predictive stds): brake where unsure."),
-    gas_caution: Optional[float] = typer.Option(None, "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
-    uncalibrated: bool = typer.Option(False, "--uncalibrated", help="Ignore each run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
+    samples: Optional[int] = typer.Option(config_default(DriveConfig, "samples"), "--samples", min=1, help="Draws per prediction (default: the model's own)."),
+    throttle_cap: Optional[float] = typer.Option(config_default(DriveConfig, "throttle_cap"), "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
+    pedal_caution: Optional[float] = typer.Option(config_default(DriveConfig, "pedal_caution"), "--pedal-caution", min=0.0, help="Execute gas − K·σ_gas and brake + K·σ_brake (predictive stds): brake where unsure."),
+    gas_caution: Optional[float] = typer.Option(config_default(DriveConfig, "gas_caution"), "--gas-caution", min=0.0, help="With --pedal-caution: the gas's own K (0: caution on the brake alone)."),
+    uncalibrated: bool = typer.Option(config_default(DriveConfig, "raw"), "--uncalibrated", help="Ignore each run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
     raw: Optional[bool] = old_spelling("--raw"),
-    device: str = typer.Option("cpu", "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
-    corruption: str = typer.Option("none", "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
+    device: str = typer.Option(config_default(DriveConfig, "device"), "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
+    corruption: str = typer.Option(",".join(config_default(EvalConfig, "corruptions")), "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
-    fallback: str = typer.Option("none", "--fallback", help="On an alarm: none (log it), slow (no gas above 30 units/s), or expert (the privileged expert drives; an intervention)."),
-    fallback_seconds: float = typer.Option(0.1, "--fallback-seconds", min=0.02, help="How long the fallback acts after the last alarm."),
+    fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), or expert (the privileged expert drives; an intervention)."),
+    fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the fallback acts after the last alarm."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
-    backend: Backend = typer.Option("process", "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
+    backend: Backend = typer.Option(config_default(EvalConfig, "backend"), "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
+    address: Optional[str] = typer.Option(config_default(EvalConfig, "address"), "--address", help="Ray cluster to join (host:port, auto, ray://host:port); default: a local one of --workers CPUs."),
 ) -> None:
     """Drive held-out tracks with trained controllers, clean and under colour presets."""
     check_output_folder(out)
     if backend.value == "process" and (workers > 1 or inference.value != "inline"):
         start_worker_server(WORKER_TASKS_MODULE)  # its imports run beside the next line's
-    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+    from nsacdrive.eval.closed_loop import evaluate_closed_loop
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
@@ -606,7 +606,7 @@ def closed_loop_eval(
         typer.echo(f"monitor {drive.monitor_score} > {drive.monitor_threshold:.4g} (smoothed over {drive.monitor_smooth} steps), "
                    f"fallback {drive.fallback}:")
         for r in rows:
-            lap = f"{r['mean_lap_steps'] / 50:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
+            lap = f"{r['mean_lap_steps'] / FPS:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
             typer.echo(f"  {r['run']} {_condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
                        f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}")
     typer.echo(f"per-step logs and summary → {out}")
@@ -765,28 +765,28 @@ def report(
 def dagger(
     init: Path = typer.Option(..., "--init", help="Behaviour-cloned run folder every round starts from (round 0)."),
     out: Path = typer.Option(..., "--out", help="DAgger folder: dagger.json, data/round-k, runs/round-k, report.json."),
-    expert: str = typer.Option("expert", "--expert", help="Agent spec that labels the learner's states: the teacher of the init run's data (expert, expert:smooth, expert:gentle, ppo:DIR)."),
-    rounds: int = typer.Option(3, "--rounds", min=1),
-    episodes_per_round: int = typer.Option(16, "--episodes-per-round", min=1, help="Training tracks driven per round (per colour preset)."),
-    beta0: float = typer.Option(0.5, "--beta0", min=0.0, max=1.0, help="β of round 1: probability that the expert drives a step."),
-    beta_decay: float = typer.Option(0.5, "--beta-decay", min=0.0, max=1.0, help="β_k = beta0 · decay^(k−1)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
-    colour_preset: str = typer.Option("default", "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
-    epochs_per_round: int = typer.Option(4, "--epochs-per-round", min=1),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Fine-tuning learning rate of every round (default: the init run's)."),
-    max_steps: int = typer.Option(MAX_EPISODE_STEPS, "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
-    max_batches_per_epoch: Optional[int] = typer.Option(None, "--max-batches-per-epoch", min=1, help="Default: the init run's."),
-    eval_seeds: Optional[str] = typer.Option(None, "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
-    eval_colour_preset: str = typer.Option("default", "--eval-colour-preset", help="Comma-separated presets of that table, e.g. default,shift-3."),
+    expert: str = typer.Option(config_default(DaggerConfig, "expert"), "--expert", help="Agent spec that labels the learner's states: the teacher of the init run's data (expert, expert:smooth, expert:gentle, ppo:DIR)."),
+    rounds: int = typer.Option(config_default(DaggerConfig, "rounds"), "--rounds", min=1),
+    episodes_per_round: int = typer.Option(config_default(DaggerConfig, "episodes_per_round"), "--episodes-per-round", min=1, help="Training tracks driven per round (per colour preset)."),
+    beta0: float = typer.Option(config_default(DaggerConfig, "beta0"), "--beta0", min=0.0, max=1.0, help="β of round 1: probability that the expert drives a step."),
+    beta_decay: float = typer.Option(config_default(DaggerConfig, "beta_decay"), "--beta-decay", min=0.0, max=1.0, help="β_k = beta0 · decay^(k−1)."),
+    seeds: Optional[str] = typer.Option(config_default(DaggerConfig, "seeds"), "--seeds", help="Tracks to drive in the rounds (default: the init run's training seeds)."),
+    colour_preset: str = typer.Option(",".join(config_default(DaggerConfig, "colour_presets")), "--colour-preset", help=f"Comma-separated colour presets driven in the rounds: {PRESETS}."),
+    epochs_per_round: int = typer.Option(config_default(DaggerConfig, "epochs_per_round"), "--epochs-per-round", min=1),
+    lr: Optional[float] = typer.Option(config_default(DaggerConfig, "lr"), "--lr", help="Fine-tuning learning rate of every round (default: the init run's)."),
+    max_steps: int = typer.Option(config_default(DaggerConfig, "max_steps"), "--max-steps", min=1, help="Horizon of the round episodes (and, by default, of the evaluation's)."),
+    max_batches_per_epoch: Optional[int] = typer.Option(config_default(DaggerConfig, "max_batches_per_epoch"), "--max-batches-per-epoch", min=1, help="Default: the init run's."),
+    eval_seeds: Optional[str] = typer.Option(config_default(DaggerConfig, "eval_seeds"), "--eval-seeds", help="Held-out tracks for the BC-vs-DAgger closed-loop table."),
+    eval_colour_preset: str = typer.Option(",".join(config_default(DaggerConfig, "eval_colour_presets")), "--eval-colour-preset", help="Comma-separated presets of that table, e.g. default,shift-3."),
     eval_max_steps: Optional[int] = typer.Option(None, "--eval-max-steps", min=1, help="Horizon of that table's episodes (default: --max-steps)."),
-    workers: int = typer.Option(2, "--workers", min=1),
-    seed: int = typer.Option(0, "--seed", help="Seeds track choice, mixing, training."),
+    workers: int = typer.Option(config_default(DaggerConfig, "workers"), "--workers", min=1),
+    seed: int = typer.Option(config_default(DaggerConfig, "seed"), "--seed", help="Seeds track choice, mixing, training."),
 ) -> None:
     """DAgger: the learner drives, the privileged expert labels, the controller is fine-tuned; resumable."""
     check_output_folder(out)
     if workers > 1:
         start_worker_server(WORKER_TASKS_MODULE)  # the rounds' drives and the evaluation fork their workers from it
-    from nsacdrive.eval.dagger import Dagger, DaggerConfig, format_report
+    from nsacdrive.eval.dagger import Dagger, format_report
 
     config = DaggerConfig(init=str(init), expert=expert, rounds=rounds, episodes_per_round=episodes_per_round, beta0=beta0,
                           beta_decay=beta_decay, seeds=seeds, colour_presets=tuple(_presets(colour_preset)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episodes
+from nsacdrive.eval.configs import TORCH_DEVICE_TYPES, is_torch_device
 from nsacdrive.eval.driver import ControllerPolicy
 from nsacdrive.eval.results import drive_config
 
@@ -53,6 +55,24 @@ def test_drive_config_checks_the_device():
     assert DriveConfig(device="cuda:1").device == "cuda:1"  # named, not required to exist until used
     with pytest.raises(ValueError, match="drive config device"):
         DriveConfig(device="gpu please")
+
+
+def _torch_takes(name: str) -> bool:
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_the_torch_free_device_check_takes_what_torch_takes():
+    with pytest.raises(RuntimeError) as refusal:
+        torch.device("gpu")  # the message lists torch's device types
+    listed = re.search(r"Expected one of (.+) device type", str(refusal.value))
+    assert listed is not None and sorted(listed.group(1).split(", ")) == sorted(TORCH_DEVICE_TYPES)
+    for name in ("cpu", "cuda", "cuda:0", "cuda:1", "cuda:12", "cpu:0", "mps", "meta", "cuda:01", "cuda:-1", "cuda:+1", "cuda:",
+                 " cuda", "cuda ", "CUDA", "gpu", "cuda:1:2", ""):
+        assert is_torch_device(name) == _torch_takes(name), name
 
 
 def test_a_gpu_evaluation_re_drives_on_a_machine_without_one(tmp_path):

@@ -1,5 +1,6 @@
 """The command line's names and defaults: renamed flags keep their old spelling for a release,
-the recommended monitor settings are the defaults, and terminal tables fit 100 columns."""
+the recommended monitor settings are the defaults, eval's, monitor's and dagger's defaults are
+their config classes', and terminal tables fit 100 columns."""
 
 from __future__ import annotations
 
@@ -42,6 +43,23 @@ def test_the_recommended_monitor_settings_are_the_defaults():
     assert MonitorConfig().threshold == "window-rate"
     assert options_of("monitor")["--threshold"].default == "window-rate"
     assert options_of("eval")["--monitor-score"].default == "density"
+
+
+def test_the_defaults_of_eval_monitor_and_dagger_are_their_configs():
+    from nsacdrive.envs.car_racing import FPS
+    from nsacdrive.eval.configs import DaggerConfig, DriveConfig, EvalConfig, MonitorConfig
+
+    drive, evaluation = DriveConfig(), EvalConfig(runs=("run",), seeds=(1,))
+    monitor, dagger = MonitorConfig(), DaggerConfig(init="run")
+    expected = {("eval", "--max-steps"): drive.max_steps, ("eval", "--renderer"): drive.renderer, ("eval", "--device"): drive.device,
+                ("eval", "--fallback"): drive.fallback, ("eval", "--batch"): evaluation.batch, ("eval", "--trials"): evaluation.trials,
+                ("eval", "--corruption"): ",".join(evaluation.corruptions), ("monitor", "--quantile"): monitor.quantile,
+                ("monitor", "--false-alarm-rate"): monitor.false_alarm_rate, ("monitor", "--windows"): ",".join(map(str, monitor.windows_s)),
+                ("monitor", "--smooth"): monitor.smooth_steps, ("dagger", "--rounds"): dagger.rounds, ("dagger", "--beta0"): dagger.beta0,
+                ("dagger", "--beta-decay"): dagger.beta_decay, ("dagger", "--epochs-per-round"): dagger.epochs_per_round,
+                ("dagger", "--max-steps"): dagger.max_steps}
+    assert {key: options_of(key[0])[key[1]].default for key in expected} == expected
+    assert round(options_of("eval")["--fallback-seconds"].default * FPS) == drive.fallback_steps  # the CLI's seconds → steps
 
 
 def test_evals_terminal_table_fits_100_columns_and_shows_laps_beside_off_road_events():

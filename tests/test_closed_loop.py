@@ -181,11 +181,11 @@ def test_a_run_listed_twice_or_two_runs_of_one_folder_name_are_refused(trained_r
 def test_inference_is_resolved_once_when_the_config_is_made(trained_run, tmp_path, monkeypatch):
     import dataclasses
 
-    import nsacdrive.eval.closed_loop as closed_loop
+    import nsacdrive.eval.configs as configs
 
     calls = []
-    resolve = closed_loop.resolve_inference
-    monkeypatch.setattr(closed_loop, "resolve_inference", lambda *args: calls.append(args) or resolve(*args))
+    resolve = configs.resolve_inference
+    monkeypatch.setattr(configs, "resolve_inference", lambda *args: calls.append(args) or resolve(*args))
     config = evaluation(trained_run, max_steps=10)
     evaluate_closed_loop(config, tmp_path, progress=False)
     assert calls == [("inline", "process", 1)]

@@ -14,9 +14,9 @@ from nsacdrive.eval.closed_loop import (
     EvalConfig,
     episode_generator,
     evaluate_closed_loop,
-    resolve_inference,
     run_pipelined,
 )
+from nsacdrive.eval.configs import resolve_inference
 from nsacdrive.eval.driver import ControllerPolicy
 from nsacdrive.eval.inference import InferenceError, InferenceProcess
 

@@ -60,12 +60,13 @@ import cv2
 import numpy as np
 
 from nsacdrive.common.extras import MissingExtra
-from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals, gas_caution_fits
+from nsacdrive.controllers.actions import ACTION_NAMES, cautious_pedals
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.data_collection.udacity_layout import FRAME_SIZE, MAX_FRAME_BYTES, declared_frame_size
 from nsacdrive.envs.observation import RAW_FRAME_SHAPE
 from nsacdrive.envs.observation_kinds import observation_kind
 from nsacdrive.envs.udacity_observation import UDACITY_RAW_FRAME_SHAPE, encode_jpeg
+from nsacdrive.eval.configs import gas_caution_fits
 from nsacdrive.eval.modes import THROTTLE_MODES
 
 logger = logging.getLogger(__name__)

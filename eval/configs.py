@@ -1,0 +1,297 @@
+"""The evaluation's config dataclasses, importable without torch.
+
+The command line reads its option defaults from them (:func:`nsacdrive.options.config_default`),
+so ``--help`` and the library cannot disagree, and it still starts without importing torch. The
+modules that use them re-export them: :mod:`nsacdrive.eval.closed_loop` its ``DriveConfig``,
+``EvalConfig`` and ``EpisodeKey``, :mod:`nsacdrive.eval.monitor` its ``MonitorConfig``,
+:mod:`nsacdrive.eval.dagger` its ``DaggerConfig``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from nsacdrive.common.backends import BACKENDS
+from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
+from nsacdrive.envs.colours import validate_preset
+from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
+from nsacdrive.eval.misbehaviour import EventConfig
+from nsacdrive.eval.modes import DEFAULT_THRESHOLD, FALLBACKS, INFERENCE_MODES, MONITOR_THRESHOLDS
+from nsacdrive.eval.monitor_scores import SCORES
+
+#: The device types ``torch.device`` takes, as torch lists them (a test compares the two), so a
+#: device name is checked without importing torch.
+TORCH_DEVICE_TYPES = ("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga", "maia", "xla",
+                      "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone")
+_DEVICE_NAME = re.compile(f"(?:{'|'.join(TORCH_DEVICE_TYPES)})(?::(?:0|[1-9][0-9]*))?")
+
+
+def is_torch_device(name: object) -> bool:
+    """Whether ``torch.device(name)`` takes the name ``name`` (``cpu``, ``cuda``, ``cuda:1``): a type, then
+    an optional index."""
+    return isinstance(name, str) and _DEVICE_NAME.fullmatch(name) is not None
+
+
+def gas_caution_fits(pedal_caution: float | None, gas_caution: float | None) -> bool:
+    """Whether a gas caution k may go with ``pedal_caution``: none, or k >= 0 beside a pedal caution
+    (the rule of ``DriveConfig`` and of the Udacity drive server's ``ServeConfig``)."""
+    return gas_caution is None or (pedal_caution is not None and gas_caution >= 0)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """How failures are predicted and judged; times in steps of 1/50 s unless named ``_s``."""
+
+    windows_s: tuple[int, ...] = (1, 2, 3)
+    smooth_steps: int = 10
+    warmup_steps: int = FPS  # CarRacing zooms in during the first second; the history fills
+    threshold: str = DEFAULT_THRESHOLD
+    quantile: float = 0.95
+    false_alarm_rate: float = 0.05
+    strata: int = 4
+    events: EventConfig = field(default_factory=EventConfig)
+
+    def __post_init__(self) -> None:
+        if self.threshold not in MONITOR_THRESHOLDS:
+            raise ValueError(f"threshold: expected one of {', '.join(MONITOR_THRESHOLDS)}, got {self.threshold!r}")
+        if not self.windows_s or min(self.windows_s) < 1:
+            raise ValueError(f"windows_s must be positive whole seconds, got {self.windows_s}")
+        if not 0 < self.quantile < 1 or not 0 < self.false_alarm_rate < 1:
+            raise ValueError("quantile and false_alarm_rate must lie in (0, 1)")
+        if self.smooth_steps < 1 or self.strata < 1 or self.warmup_steps < 0:
+            raise ValueError("smooth_steps and strata must be >= 1, warmup_steps >= 0")
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    """How every episode of an evaluation is driven (what a worker, a video or a report re-drive needs).
+
+    :param max_steps: episode horizon (1000 = CarRacing standard)
+    :param samples: draws per prediction; None: the model's own ``predict_samples``
+    :param throttle_cap: scale the gas by min(1, cap / predictive steering std); None: no cap
+    :param pedal_caution: k ≥ 0: execute gas − k·σ_gas and brake + k·σ_brake (predictive stds),
+        clipped to the box; None: the pedals' means
+    :param gas_caution: with ``pedal_caution``, the gas's own k (0: brake + k·σ_brake alone);
+        None: ``pedal_caution`` for both pedals
+    :param renderer: how frames are drawn, one of :data:`nsacdrive.envs.car_racing.RENDERERS`
+    :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
+    :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
+        smoothed over ``monitor_smooth`` steps, alarming above ``monitor_threshold`` after
+        ``monitor_warmup`` steps (``nsacdrive monitor`` fits them); None: no monitor
+    :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
+        only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
+        privileged expert drives: an intervention), each for ``fallback_steps`` after the last alarm
+    :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
+        episodes' own CPU streams either way, so a GPU drives the same episodes up to float rounding
+    """
+
+    max_steps: int = MAX_EPISODE_STEPS
+    samples: int | None = None
+    throttle_cap: float | None = None
+    pedal_caution: float | None = None
+    gas_caution: float | None = None
+    renderer: str = "fast"
+    raw: bool = False
+    monitor_score: str | None = None
+    monitor_threshold: float | None = None
+    monitor_smooth: int = MonitorConfig.smooth_steps  # the monitor's defaults: its thresholds were fitted with them
+    monitor_warmup: int = MonitorConfig.warmup_steps
+    fallback: str = "none"
+    fallback_steps: int = FPS // 10  # 0.1 s: met the fallback target on 3 seeds where 1 s over-intervened on nominal laps
+    fallback_speed: float = 30.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"drive config max_steps must be >= 1, got {self.max_steps}")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
+        if self.throttle_cap is not None and not self.throttle_cap >= 0:
+            raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
+        if self.pedal_caution is not None and not self.pedal_caution >= 0:
+            raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
+        if not gas_caution_fits(self.pedal_caution, self.gas_caution):
+            raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
+                             f"with pedal_caution {self.pedal_caution}")
+        if not is_torch_device(self.device):
+            raise ValueError(f"drive config device: expected a torch device such as cpu or cuda, got {self.device!r}")
+        if self.renderer not in RENDERERS:
+            raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
+        if (self.monitor_score is None) != (self.monitor_threshold is None):
+            raise ValueError("drive config monitor_score and monitor_threshold go together")
+        if self.monitor_score is not None and self.monitor_score not in SCORES:
+            raise ValueError(f"drive config monitor_score: expected one of {', '.join(SCORES)}, got {self.monitor_score!r}")
+        if self.fallback not in FALLBACKS:
+            raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if self.fallback != "none" and self.monitor_score is None:
+            raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
+        if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:
+            raise ValueError("drive config monitor_smooth and fallback_steps must be >= 1, monitor_warmup and fallback_speed >= 0")
+
+
+@dataclass(frozen=True)
+class EpisodeKey:
+    run: str
+    colour_preset: str
+    track_seed: int
+    repeat: int
+    corruption: str = NO_CORRUPTION  # a FAMILY-SEVERITY of nsacdrive.envs.corruptions on the controller's frames
+
+    @property
+    def episode_id(self) -> str:
+        suffix = "" if self.corruption == NO_CORRUPTION else f"_{self.corruption}"
+        return f"{Path(self.run).name}_{self.colour_preset}_seed{self.track_seed:06d}_r{self.repeat}{suffix}"
+
+
+def corruption_of(name: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
+    """The frame transform of corruption ``name`` (``none``: the frame itself)."""
+    if name == NO_CORRUPTION:
+        return lambda frame, seed, step: frame
+    (spec,) = parse_corruptions(name, "corruption")
+    return spec
+
+
+def resolve_inference(inference: str, backend: str, workers: int) -> str:
+    """``inline`` or ``process`` (:func:`~nsacdrive.eval.closed_loop.run_pipelined`, local worker processes only); ``auto`` picks
+    ``process`` when the local machine has a core to spare for every worker's inference process
+    (cores ≥ 2 × workers)."""
+    if inference not in INFERENCE_MODES:
+        raise ValueError(f"inference: expected one of {', '.join(INFERENCE_MODES)}, got {inference!r}")
+    if inference == "process" and backend != "process":
+        raise ValueError("inference 'process' needs backend 'process' (a Ray task keeps its controller inline)")
+    if inference != "auto":
+        return inference
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return "process" if backend == "process" and cores >= 2 * max(workers, 1) else "inline"
+
+
+def _distinct(name: str, values: Sequence[Any]) -> None:
+    repeated = sorted(str(value) for value, count in Counter(values).items() if count > 1)
+    if repeated:
+        raise ValueError(f"evaluation config {name}: listed twice: {', '.join(repeated)}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """A closed-loop evaluation: which episodes, how each is driven, and where they run.
+
+    Every (run, preset, seed, repeat) is one episode; ``repeats`` evaluation runs of ``trials``
+    episodes per (seed, preset) each, episode repeat k = run·trials + trial seeding the controller
+    RNG; success is mean ± std over the evaluation runs.
+
+    :param runs: training run folders (their folder names must differ: episode ids use them)
+    :param seeds: track seeds, the same for every run (paired episodes)
+    :param colour_presets: colour presets, each driven on every seed
+    :param corruptions: ``none`` and/or ``FAMILY-SEVERITY`` corruptions of the controller's frames
+        (:mod:`nsacdrive.envs.corruptions`; the expert and the logs see the true state), each driven
+        under every preset on every seed
+    :param repeats: evaluation runs
+    :param trials: episodes per (seed, preset) in each evaluation run
+    :param drive: how every episode is driven (horizon, draws, throttle cap, renderer)
+    :param batch: episodes driven in lockstep per controller call (:func:`~nsacdrive.eval.closed_loop.batch_groups`); part of the
+        evaluation's identity like the seeds (a group's rows share one network call, whose float
+        rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups
+    :param workers: parallel tasks
+    :param backend: where tasks run (``nsacdrive.common.backends.run_tasks``: local processes or a
+        Ray cluster); every backend gives the same episodes
+    :param address: the Ray cluster to join (``backend="ray"`` only)
+    :param inference: where the controller runs (:func:`resolve_inference`): ``inline`` in each
+        worker's env loop, or ``process``, its own process beside each worker's, which drives two
+        lockstep groups double-buffered (:func:`~nsacdrive.eval.closed_loop.run_pipelined`); both give the same episodes; or
+        ``auto``, resolved once, on construction, into ``resolved_inference``
+    """
+
+    runs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    colour_presets: tuple[str, ...] = ("default",)
+    corruptions: tuple[str, ...] = (NO_CORRUPTION,)
+    repeats: int = 1
+    trials: int = 1
+    drive: DriveConfig = field(default_factory=DriveConfig)
+    batch: int = 8
+    workers: int = 1
+    backend: str = "process"
+    address: str | None = None
+    inference: str = "inline"
+    #: ``inline`` or ``process``: ``inference`` resolved for this backend and number of workers
+    resolved_inference: str = field(init=False)
+
+    #: the fields that define the episodes; the others only choose where and how fast they run
+    EPISODE_FIELDS: ClassVar[tuple[str, ...]] = ("runs", "seeds", "colour_presets", "corruptions", "repeats", "trials", "drive",
+                                                 "batch")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs", tuple(str(Path(run)) for run in self.runs))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
+        object.__setattr__(self, "corruptions", tuple(self.corruptions))
+        for name in ("runs", "seeds", "colour_presets", "corruptions"):
+            if not getattr(self, name):
+                raise ValueError(f"evaluation config {name}: give at least one")
+        _distinct("run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
+        _distinct("seeds", self.seeds)
+        _distinct("colour_presets", self.colour_presets)
+        for preset in self.colour_presets:
+            validate_preset(preset)
+        _distinct("corruptions", self.corruptions)
+        for corruption in self.corruptions:
+            corruption_of(corruption)  # a ValueError naming it, now rather than in a worker
+        for name in ("repeats", "trials", "batch", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"evaluation config {name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"evaluation config backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.address is not None and self.backend != "ray":
+            raise ValueError(f"evaluation config address: only used with backend 'ray', got backend {self.backend!r}")
+        object.__setattr__(self, "resolved_inference", resolve_inference(self.inference, self.backend, self.workers))
+
+    def keys(self) -> list[EpisodeKey]:
+        """Every episode, in the order lockstep groups are cut from (:func:`~nsacdrive.eval.closed_loop.batch_groups`)."""
+        return [EpisodeKey(run, preset, seed, repeat, corruption) for run in self.runs for preset in self.colour_presets
+                for corruption in self.corruptions for seed in self.seeds for repeat in range(self.repeats * self.trials)]
+
+
+@dataclass(frozen=True)
+class DaggerConfig:
+    """Everything a DAgger run depends on (saved as ``dagger.json``)."""
+
+    init: str  # the behaviour-cloned run every round starts from (round 0)
+    expert: str = "expert"  # the agent spec that labels the visited states (the teacher of the init run's data)
+    rounds: int = 3
+    episodes_per_round: int = 16
+    beta0: float = 0.5
+    beta_decay: float = 0.5
+    seeds: str | None = None  # tracks driven in the rounds; None: the init run's training seeds
+    colour_presets: tuple[str, ...] = ("default",)
+    epochs_per_round: int = 4
+    lr: float | None = None  # fine-tuning learning rate of every round; None: the init run's
+    max_steps: int = MAX_EPISODE_STEPS  # horizon of the round episodes (recorded with the learner in the loop)
+    max_batches_per_epoch: int | None = None
+    workers: int = 2
+    seed: int = 0
+    eval_seeds: str | None = None  # held-out tracks for the BC-vs-DAgger table; None: no evaluation
+    eval_colour_presets: tuple[str, ...] = ("default",)
+    eval_max_steps: int = MAX_EPISODE_STEPS  # horizon of the closed-loop comparison's episodes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
+        object.__setattr__(self, "eval_colour_presets", tuple(self.eval_colour_presets))
+        for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DAgger config {name} must be >= 1, got {getattr(self, name)}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"DAgger config lr must be > 0, got {self.lr}")
+        if not (0.0 <= self.beta0 <= 1.0 and 0.0 <= self.beta_decay <= 1.0):
+            raise ValueError(f"DAgger config beta0 and beta_decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
+
+    def beta(self, round_index: int) -> float:
+        """β_k of round k ≥ 1 (the probability that the expert drives a step)."""
+        return self.beta0 * self.beta_decay ** (round_index - 1)
