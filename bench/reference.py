@@ -31,16 +31,17 @@ def _configs() -> list[tuple[type, dict[str, Any]]]:
     """The config dataclasses a user sets, each with the ranges its checks apply (field → Range)."""
     from nsacdrive.agents.ppo import PPOConfig
     from nsacdrive.controllers import model_config, train_config
-    from nsacdrive.controllers.augment import AugmentConfig
-    from nsacdrive.controllers.encoders import EncoderConfig
-    from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
-    from nsacdrive.data_collection.recorder import CollectConfig, NoiseConfig
+    from nsacdrive.controllers.augment import AUGMENT_RANGES, AugmentConfig
+    from nsacdrive.controllers.encoders import ENCODER_RANGES, EncoderConfig
+    from nsacdrive.controllers.udacity_augment import UDACITY_AUGMENT_RANGES, UdacityAugmentConfig
+    from nsacdrive.data_collection.recorder import COLLECT_RANGES, CollectConfig, NoiseConfig
     from nsacdrive.data_collection.udacity_import import ImportConfig
     from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig
     from nsacdrive.eval.dagger import DaggerConfig
 
     return [(train_config.TrainConfig, train_config.RANGES), (model_config.ModelConfig, model_config.RANGES),
-            (EncoderConfig, {}), (AugmentConfig, {}), (UdacityAugmentConfig, {}), (CollectConfig, {}), (NoiseConfig, {}),
+            (EncoderConfig, ENCODER_RANGES), (AugmentConfig, AUGMENT_RANGES), (UdacityAugmentConfig, UDACITY_AUGMENT_RANGES),
+            (CollectConfig, COLLECT_RANGES), (NoiseConfig, {}),
             (DriveConfig, {}), (EvalConfig, {}), (DaggerConfig, {}), (ImportConfig, {}), (PPOConfig, {})]
 
 
@@ -68,7 +69,9 @@ def config_page() -> str:
     parts = [GENERATED, "", "# Config fields", "",
              "Every setting a run, a recording or an evaluation is made with, as the frozen dataclasses define "
              "it: a config file (`--config`) holds these fields, and each result folder saves them beside its "
-             "results. Ranges are the ones the classes check on construction; floats must be finite.", ""]
+             "results. Ranges are the ones the classes check on construction; floats must be finite; a field "
+             "without a range here is checked by its class's own rules, and a bad value is refused with a message "
+             "naming the field and what it expects.", ""]
     for cls, ranges in _configs():
         hints = typing.get_type_hints(cls)
         summary = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")

@@ -38,6 +38,11 @@ _YUV_TO_RGB = torch.linalg.inv(_RGB_TO_YUV)
 _YUV_OFFSET = torch.tensor([0.0, 0.5, 0.5])  # 128/256 ≈ 0.5 of the [0, 1] range
 
 
+#: the numbers AugmentConfig's fields may take
+AUGMENT_RANGES = {"probability": UNIT_INTERVAL, "recolour": UNIT_INTERVAL,
+                  **dict.fromkeys(("hue", "saturation", "contrast", "brightness", "channel_gain"), NON_NEGATIVE)}
+
+
 @dataclass(frozen=True)
 class AugmentConfig:
     probability: float = 0.8
@@ -49,9 +54,7 @@ class AugmentConfig:
     recolour: float = 0.0  # probability that an augmented sample gets a wide recolouring instead
 
     def __post_init__(self) -> None:
-        ranges = {"probability": UNIT_INTERVAL, "recolour": UNIT_INTERVAL}
-        ranges |= dict.fromkeys(("hue", "saturation", "contrast", "brightness", "channel_gain"), NON_NEGATIVE)
-        check_fields(self, "augment", ranges)
+        check_fields(self, "augment", AUGMENT_RANGES)
 
 
 def colour_augment(frames: torch.Tensor, config: AugmentConfig, generator: torch.Generator) -> torch.Tensor:

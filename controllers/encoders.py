@@ -35,6 +35,10 @@ from nsacdrive.envs.udacity_observation import UDACITY_FRAME_SHAPE
 GROUPS = 8  # GroupNorm groups of the "cnn" encoder
 
 
+#: the numbers EncoderConfig's fields may take
+ENCODER_RANGES = {"token_dim": WIDTH, "channels": WIDTH}
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     kind: str = "cnn"  # a key of ENCODERS
@@ -42,7 +46,7 @@ class EncoderConfig:
     channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" and "cnn-grid" only
 
     def __post_init__(self) -> None:
-        check_fields(self, "encoder", {"token_dim": WIDTH, "channels": WIDTH})
+        check_fields(self, "encoder", ENCODER_RANGES)
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
         if ENCODERS[self.kind].GROUP_NORM and any(c % GROUPS for c in self.channels[:2]):

@@ -32,6 +32,11 @@ from nsacdrive.common.config_checks import NON_NEGATIVE, UNIT_INTERVAL, check_fi
 CAMERA_STEER_OFFSETS = {"center": 0.0, "left": 1.0, "right": -1.0}  # × camera_offset
 
 
+#: the numbers UdacityAugmentConfig's fields (each end of the pairs too) may take
+UDACITY_AUGMENT_RANGES = {"probability": UNIT_INTERVAL, **dict.fromkeys(
+    ("camera_offset", "translate_x", "translate_y", "steer_per_pixel", "shadow_lightness", "brightness"), NON_NEGATIVE)}
+
+
 @dataclass(frozen=True)
 class UdacityAugmentConfig:
     """``probability`` of each step; 0 disables augmentation (validation never augments)."""
@@ -45,8 +50,7 @@ class UdacityAugmentConfig:
     brightness: tuple[float, float] = (0.8, 1.2)
 
     def __post_init__(self) -> None:
-        non_negative = ("camera_offset", "translate_x", "translate_y", "steer_per_pixel", "shadow_lightness", "brightness")
-        check_fields(self, "udacity_augment", {"probability": UNIT_INTERVAL} | dict.fromkeys(non_negative, NON_NEGATIVE))
+        check_fields(self, "udacity_augment", UDACITY_AUGMENT_RANGES)
         for name in ("shadow_lightness", "brightness"):
             low, high = getattr(self, name)
             if not 0 <= low <= high:

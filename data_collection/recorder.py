@@ -156,6 +156,8 @@ def write_index(out: Path, layout: str) -> None:
 
 #: the longest recorded episode: its frames are held in memory until it is written (CarRacing's horizon is 1,000)
 MAX_STEPS = Range(1, 100_000)
+#: the numbers CollectConfig's numeric fields may take
+COLLECT_RANGES = {"max_steps": MAX_STEPS, "workers": WIDTH, "side_offset": POSITIVE, "camera_fov": HORIZONTAL_FOV}
 #: the largest action-noise std: actions live in [-1, 1], so more is noise, not a demonstration
 MAX_NOISE = 2.0
 
@@ -419,8 +421,7 @@ class CollectConfig:
     FOLDER_FIELDS: ClassVar[tuple[str, ...]] = ("max_steps", "renderer", "mixing", "env", "layout")
 
     def __post_init__(self) -> None:
-        check_fields(self, "collect config", {"max_steps": MAX_STEPS, "workers": WIDTH, "side_offset": POSITIVE,
-                                              "camera_fov": HORIZONTAL_FOV})
+        check_fields(self, "collect config", COLLECT_RANGES)
         if self.side_offset != DEFAULT_SIDE_OFFSET and self.env != "udacity-style":
             raise ValueError(f"collect config side_offset applies to env 'udacity-style' (its side cameras), got env {self.env!r}")
         check_camera_fov(self.env, self.layout, self.camera_fov, "collect config")
