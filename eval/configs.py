@@ -56,6 +56,7 @@ class MonitorConfig:
     threshold: str = DEFAULT_THRESHOLD
     quantile: float = 0.95
     false_alarm_rate: float = 0.05
+    confidence: float = 0.9  # ``conformal``: the probability that the false-alarm rate holds on new nominal windows
     strata: int = 4
     events: EventConfig = field(default_factory=EventConfig)
 
@@ -64,8 +65,8 @@ class MonitorConfig:
             raise ValueError(f"threshold: expected one of {', '.join(MONITOR_THRESHOLDS)}, got {self.threshold!r}")
         if not self.windows_s or min(self.windows_s) < 1:
             raise ValueError(f"windows_s must be positive whole seconds, got {self.windows_s}")
-        if not 0 < self.quantile < 1 or not 0 < self.false_alarm_rate < 1:
-            raise ValueError("quantile and false_alarm_rate must lie in (0, 1)")
+        if not 0 < self.quantile < 1 or not 0 < self.false_alarm_rate < 1 or not 0 < self.confidence < 1:
+            raise ValueError("quantile, false_alarm_rate and confidence must lie in (0, 1)")
         if self.smooth_steps < 1 or self.strata < 1 or self.warmup_steps < 0:
             raise ValueError("smooth_steps and strata must be >= 1, warmup_steps >= 0")
 

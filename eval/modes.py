@@ -12,7 +12,7 @@ DENSITY_SAMPLES = 8192
 FALLBACKS = ("none", "slow", "expert")
 #: How ``nsacdrive monitor`` sets each score's alarm threshold (``eval/monitor.py``), and the one to use:
 #: at a fixed rate of nominal 1 s windows, the setting of every published monitor result.
-MONITOR_THRESHOLDS = ("window-rate", "gamma")
+MONITOR_THRESHOLDS = ("window-rate", "gamma", "conformal")
 DEFAULT_THRESHOLD = "window-rate"
 #: The score ``nsacdrive eval --monitor`` alarms on by default: the feature density, the fallback's documented score.
 DEFAULT_MONITOR_SCORE = "density"

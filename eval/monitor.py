@@ -11,7 +11,11 @@ Grewal, Tonella & Stocco, ICST 2024), on this project's per-step logs:
   speed, curvature of the road ahead), so a monitor that only detects corners is exposed.
 * **Threshold**: the value that ``false_alarm_rate`` of the nominal windows of one second exceed
   (``threshold="window-rate"``, the default), or — ``threshold="gamma"`` — the ``quantile`` (0.95)
-  of a Gamma distribution fitted (location 0, maximum likelihood) to the score on nominal driving.
+  of a Gamma distribution fitted (location 0, maximum likelihood) to the score on nominal driving,
+  or — ``threshold="conformal"`` — the order statistic of the nominal windows' maxima that keeps a
+  new nominal window's alarm probability at or below ``false_alarm_rate`` with probability
+  ``confidence`` (:func:`conformal_rank`; the guarantee assumes the windows exchangeable, which
+  windows of one track only approximately are: check it on other tracks).
 * **Windows**: for a reaction window of W seconds, a failure (in any episode) is a true positive
   when the score exceeds the threshold at any step of the W seconds before its onset, else a false
   negative. Nominal driving (steps at least ``max(windows)`` seconds before any failure and
@@ -134,6 +138,34 @@ def window_rate_threshold(window_maxima: np.ndarray, rate: float) -> float:
     return float(np.quantile(window_maxima, 1.0 - rate))
 
 
+def conformal_rank(windows: int, rate: float, confidence: float) -> int:
+    """The smallest rank k (1-based) such that the k-th smallest of ``windows`` nominal window maxima,
+    used as the threshold, is exceeded by a new nominal window with probability at most ``rate``, with
+    probability at least ``confidence`` over the calibration windows.
+
+    For exchangeable, continuous scores the exceedance probability of the k-th order statistic is
+    1 − U₍ₖ₎ with U₍ₖ₎ ~ Beta(k, n + 1 − k), so P(exceedance > rate) = BetaCDF(1 − rate; k, n + 1 − k),
+    which falls with k: the smallest k that brings it to ``1 − confidence`` or below is the tightest
+    threshold with the guarantee (Vovk's training-conditional split conformal). Raises ValueError
+    when even the largest window maximum cannot give it (too few windows)."""
+    from scipy import stats
+
+    ranks = np.arange(1, windows + 1)
+    failing = stats.beta.cdf(1.0 - rate, ranks, windows + 1 - ranks)
+    allowed = np.flatnonzero(failing <= 1.0 - confidence)
+    if allowed.size == 0:
+        needed = int(np.ceil(np.log(1.0 - confidence) / np.log(1.0 - rate)))
+        raise ValueError(f"a conformal threshold with false-alarm rate {rate} at confidence {confidence} needs at least "
+                         f"{needed} nominal windows of one second, got {windows}; drive more nominal laps (or lower --confidence)")
+    return int(ranks[allowed[0]])
+
+
+def conformal_threshold(window_maxima: np.ndarray, rate: float, confidence: float) -> float:
+    """The :func:`conformal_rank`-th smallest nominal window maximum (the finite-sample corrected threshold)."""
+    ordered = np.sort(np.asarray(window_maxima, dtype=np.float64))
+    return float(ordered[conformal_rank(ordered.size, rate, confidence) - 1])
+
+
 def nominal_windows(episode: EpisodeScores, length: int) -> list[tuple[int, int]]:
     """Consecutive windows of ``length`` steps inside each nominal stretch (a last partial one is dropped)."""
     return [(s, s + length) for start, stop in true_runs(episode.nominal) for s in range(start, stop - length + 1, length)]
@@ -151,6 +183,8 @@ def fit_threshold(name: str, nominal: list[EpisodeScores], config: MonitorConfig
     maxima = np.array([e.scores[name][a:b].max() for e in nominal for a, b in nominal_windows(e, FPS)])
     if maxima.size == 0:
         raise ValueError(f"{name}: no nominal window of one second to set the threshold on")
+    if config.threshold == "conformal":
+        return conformal_threshold(maxima, config.false_alarm_rate, config.confidence), "conformal"
     return window_rate_threshold(maxima, config.false_alarm_rate), "window-rate"
 
 

@@ -510,9 +510,10 @@ def monitor(
     evaluations: list[Path] = typer.Argument(..., help="Evaluation folders from `nsacdrive eval` (failures, e.g. under --corruption)."),
     fit: Optional[list[Path]] = typer.Option(None, "--fit", help="Evaluation folder(s) of nominal (clean) laps to set the thresholds on; default: the evaluations' own clean episodes."),
     out: Path = typer.Option(Path("runs/monitor"), "--out", help="Folder for monitor.json, monitor.md and figures/."),
-    threshold: Threshold = typer.Option(config_default(MonitorConfig, "threshold"), "--threshold", help="window-rate (recommended): exceeded in --false-alarm-rate of nominal 1 s windows; gamma: the --quantile of a Gamma fitted to the nominal scores."),
+    threshold: Threshold = typer.Option(config_default(MonitorConfig, "threshold"), "--threshold", help="window-rate (recommended): exceeded in --false-alarm-rate of nominal 1 s windows; conformal: the same rate guaranteed on new nominal windows with probability --confidence (a finite-sample corrected order statistic); gamma: the --quantile of a Gamma fitted to the nominal scores."),
     quantile: float = typer.Option(config_default(MonitorConfig, "quantile"), "--quantile", min=0.5, max=0.9999),
     false_alarm_rate: float = typer.Option(config_default(MonitorConfig, "false_alarm_rate"), "--false-alarm-rate", min=0.0001, max=0.5),
+    confidence: float = typer.Option(config_default(MonitorConfig, "confidence"), "--confidence", min=0.5, max=0.9999, help="--threshold conformal: the probability that new nominal windows alarm at most at --false-alarm-rate."),
     windows: str = typer.Option(",".join(map(str, config_default(MonitorConfig, "windows_s"))), "--windows", help="Reaction windows in whole seconds."),
     smooth_steps: int = typer.Option(config_default(MonitorConfig, "smooth_steps"), "--smooth", min=1, help="Trailing mean over this many steps (1/50 s each)."),
 ) -> None:
@@ -523,7 +524,7 @@ def monitor(
     try:
         window_s = tuple(int(w) for w in split_names(windows))
         config = MonitorConfig(windows_s=window_s, smooth_steps=smooth_steps, threshold=threshold.value, quantile=quantile,
-                               false_alarm_rate=false_alarm_rate)
+                               false_alarm_rate=false_alarm_rate, confidence=confidence)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--windows") from None
 

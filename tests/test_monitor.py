@@ -197,6 +197,14 @@ def test_the_command_writes_every_score_with_its_windows(evaluation, tmp_path):
     assert bad.exit_code == 2 and "--threshold" in bad.output
 
 
+def test_a_conformal_threshold_says_how_many_nominal_windows_it_needs(evaluation, tmp_path):
+    result = CliRunner().invoke(app, ["monitor", str(evaluation), "--out", str(tmp_path / "mon"), "--threshold", "conformal",
+                                      "--confidence", "0.9"])
+    assert result.exit_code == 2
+    assert "needs at least 45 nominal windows of one second, got" in result.output and "drive more nominal laps" in result.output
+    assert not (tmp_path / "mon" / "monitor.json").exists()
+
+
 # --------------------------------------------------------------------------- the fallback in the loop
 
 
