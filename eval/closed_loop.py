@@ -70,6 +70,11 @@ PLAYFIELD_PENALTY = 0.5
 #: ``--fallback slow`` above its speed: no gas and this much brake; at or below it, gas at most SLOW_GAS.
 SLOW_BRAKE = 0.2
 SLOW_GAS = 0.1
+#: ``--fallback stop``: the brake it holds, and the speed (world units/s) below which the car stands
+STOP_BRAKE = 0.6
+STOP_SPEED = 1.0
+#: the end of an episode that ``--fallback stop`` brought to a standstill on the road
+SAFE_STOP = "safe_stop"
 
 
 @dataclass
@@ -182,6 +187,7 @@ class EpisodeDrive:
         self.monitor = None if drive.monitor_score is None else LiveMonitor(
             drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
         self.fallback_left = 0
+        self.stopping = False  # ``stop`` latches: once braking, the car is not handed back
         self.alarming = False
         self.alarms = 0
         if observation is None:
@@ -237,6 +243,8 @@ class EpisodeDrive:
             self.score += float(reward)
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
+            if self.stopping and self.speed < STOP_SPEED and abs(self.state.lateral_error) <= self.env.unwrapped.geometry.half_width:
+                self.truncated, self.info = True, {**self.info, SAFE_STOP: True}
         except Exception as exc:
             self.fail(exc)
 
@@ -256,15 +264,20 @@ class EpisodeDrive:
         self.alarming = alarm
         if alarm:
             self.fallback_left = self.drive.fallback_steps
-        active = self.drive.fallback != "none" and self.fallback_left > 0
+            self.stopping = self.drive.fallback == "stop"
+        active = self.stopping or (self.drive.fallback != "none" and self.fallback_left > 0)
         self.fallback_left = max(self.fallback_left - 1, 0)
         return score, active
 
     def fall_back(self, executed: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
-        """The action of the fallback in charge: the expert's, or the controller's slowed down."""
+        """The action of the fallback in charge: the expert's, or the controller's slowed down or braking
+        to a standstill (its steering kept)."""
         if self.drive.fallback == "expert":
             return np.asarray(expert_action, dtype=np.float32)
         slowed = executed.copy()
+        if self.stopping:
+            slowed[1], slowed[2] = 0.0, STOP_BRAKE
+            return slowed
         if self.state.pose.forward_speed > self.drive.fallback_speed:
             slowed[1], slowed[2] = 0.0, max(float(slowed[2]), SLOW_BRAKE)
         else:
@@ -286,7 +299,8 @@ class EpisodeDrive:
         raw = arrays["raw_action"]
         record = EpisodeRecord(
             key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=False,
-            reason=termination_reason(self.terminated, self.truncated, self.info), steps=len(lateral), score=self.score,
+            reason=SAFE_STOP if self.info.get(SAFE_STOP) else termination_reason(self.terminated, self.truncated, self.info),
+            steps=len(lateral), score=self.score,
             lap_finished=bool(self.info.get("lap_finished", False)),
             route_completion=float(base.tile_visited_count / len(base.track)),
             mean_abs_lateral_error=float(lateral.mean()), max_abs_lateral_error=float(lateral.max()),
@@ -510,8 +524,9 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
 
     Episode ``repeat`` k belongs to evaluation run k // ``trials`` (each run pools its trials).
     ``faults`` (also under its old name ``failed``) counts episodes an exception ended, not the
-    driving; ``laps`` the finished laps and ``off_road_events`` the times a car left the road, over
-    the episodes driven to their end."""
+    driving; ``laps`` the finished laps, ``safe_stops`` the episodes ``--fallback stop`` ended standing
+    on the road, and ``off_road_events`` the times a car left the road, over the episodes driven to
+    their end."""
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for r in records:
         key = (r["model"], Path(r["run"]).name, r["colour_preset"], r.get("corruption", NO_CORRUPTION))
@@ -526,6 +541,7 @@ def aggregate(records: list[dict[str, Any]], trials: int = 1) -> list[dict[str, 
             "model": model, "run": run, "colour_preset": preset, "corruption": corruption,
             "episodes": len(items), "failed": len(items) - len(ok), "faults": len(items) - len(ok),
             "laps": sum(bool(r["lap_finished"]) for r in ok), "off_road_events": sum(int(r.get("off_road_events", 0)) for r in ok),
+            "safe_stops": sum(r["reason"] == SAFE_STOP for r in ok),
             "success_mean": float(np.mean(per_run)), "success_std": float(np.std(per_run)),
             "score_ge_900": float(np.mean(scores >= 900)), "score_ge_860": float(np.mean(scores >= 860)),
             "score_mean": float(scores.mean()),

@@ -89,7 +89,10 @@ class DriveConfig:
         ``monitor_warmup`` steps (``nsacdrive monitor`` fits them); None: no monitor
     :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
         only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
-        privileged expert drives: an intervention), each for ``fallback_steps`` after the last alarm
+        privileged expert drives: an intervention, an upper bound no real car has), each for
+        ``fallback_steps`` after the last alarm; or ``stop``, a minimal-risk manoeuvre that needs
+        nothing privileged: from the first alarm on, no gas and a firm brake while the controller keeps
+        steering, and the episode ends as a *safe stop* once the car stands on the road (safe, not a lap)
     :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
         episodes' own CPU streams either way, so a GPU drives the same episodes up to float rounding
     """

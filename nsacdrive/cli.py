@@ -568,7 +568,7 @@ def closed_loop_eval(
     corruption: str = typer.Option(",".join(config_default(EvalConfig, "corruptions")), "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
-    fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), or expert (the privileged expert drives; an intervention)."),
+    fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), stop (brake to a standstill on the road while the controller steers: a safe stop, not a lap; nothing privileged), or expert (the privileged expert drives: an upper bound, an intervention)."),
     fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the fallback acts after the last alarm."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
@@ -608,8 +608,9 @@ def closed_loop_eval(
                    f"fallback {drive.fallback}:")
         for r in rows:
             lap = f"{r['mean_lap_steps'] / FPS:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
+            stops = f", {r['safe_stops']} safe stops" if drive.fallback == "stop" else ""
             typer.echo(f"  {r['run']} {_condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
-                       f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}")
+                       f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}{stops}")
     typer.echo(f"per-step logs and summary → {out}")
     _warn_of_faults(out)
 

@@ -261,3 +261,20 @@ def test_slow_cuts_the_gas_and_the_fallback_outlasts_the_alarm(run):
     one_alarm = DriveConfig(max_steps=120, monitor_score="speed", monitor_threshold=1e9, fallback="slow")
     _, quiet = run_episode(EpisodeKey(str(run), "default", 5, 0), one_alarm)
     assert not quiet["fallback"].any()
+
+
+def test_stop_brakes_to_a_standstill_on_the_road_while_the_controller_steers(run):
+    from nsacdrive.eval.closed_loop import SAFE_STOP, STOP_BRAKE, STOP_SPEED, DriveConfig, EpisodeKey, aggregate, run_episode
+
+    drive = DriveConfig(max_steps=600, monitor_score="steer_std", monitor_threshold=0.0, monitor_warmup=150, fallback="stop")
+    record, log = run_episode(EpisodeKey(str(run), "default", 5, 0), drive)
+    active = log["fallback"] > 0
+    assert not active[:150].any() and active[150:].all()  # latched from the first alarm on: never handed back
+    executed = log["executed_action"]
+    np.testing.assert_array_equal(executed[150:, 1], 0.0)
+    np.testing.assert_array_equal(executed[150:, 2], np.float32(STOP_BRAKE))
+    np.testing.assert_array_equal(executed[150:, 0], np.clip(log["raw_action"][150:, 0], -1, 1))  # the controller steers
+    assert record.reason == SAFE_STOP and not record.lap_finished and record.steps < 600
+    assert record.off_road_events == 0 and log["speed"][-1] < 2 * STOP_SPEED
+    row, = aggregate([{**record.__dict__, "driving_score": record.driving_score, "episode_id": "x"}])
+    assert row["safe_stops"] == 1 and row["laps"] == 0
