@@ -131,6 +131,28 @@ def episode_generator(key: EpisodeKey) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(key.track_seed, key.repeat))
 
 
+@dataclass
+class HandBack:
+    """When the fallback acts: from an alarm until the smoothed score has stayed at or below
+    ``release`` for ``clear_steps`` steps in a row (hysteresis: ``release`` at or below the alarm
+    threshold), or for good with ``latch`` (``--fallback stop``)."""
+
+    clear_steps: int
+    release: float
+    latch: bool = False
+    active: bool = False
+    clear: int = 0
+
+    def update(self, score: float, alarm: bool) -> bool:
+        """Whether the fallback acts at this step, given its score and whether it alarms."""
+        if alarm:
+            self.active, self.clear = True, 0
+        elif self.active and not self.latch:
+            self.clear = self.clear + 1 if score <= self.release else 0
+            self.active = self.clear < self.clear_steps
+        return self.active
+
+
 @dataclass(frozen=True)
 class PredictionRows:
     """A lockstep group's prediction as numpy arrays, one row per episode: converted once per step
@@ -186,8 +208,9 @@ class EpisodeDrive:
         self.drive = drive
         self.monitor = None if drive.monitor_score is None else LiveMonitor(
             drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
-        self.fallback_left = 0
-        self.stopping = False  # ``stop`` latches: once braking, the car is not handed back
+        threshold = drive.monitor_threshold or 0.0
+        self.hand_back = HandBack(drive.fallback_steps, threshold - (1.0 - drive.fallback_release) * abs(threshold),
+                                  latch=drive.fallback == "stop")
         self.alarming = False
         self.alarms = 0
         if observation is None:
@@ -262,12 +285,13 @@ class EpisodeDrive:
         score, alarm = self.monitor.update(step)
         self.alarms += int(alarm and not self.alarming)
         self.alarming = alarm
-        if alarm:
-            self.fallback_left = self.drive.fallback_steps
-            self.stopping = self.drive.fallback == "stop"
-        active = self.stopping or (self.drive.fallback != "none" and self.fallback_left > 0)
-        self.fallback_left = max(self.fallback_left - 1, 0)
-        return score, active
+        acting = self.hand_back.update(score, alarm)
+        return score, self.drive.fallback != "none" and acting
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``--fallback stop`` has taken the car (it never hands it back)."""
+        return self.drive.fallback == "stop" and self.hand_back.active
 
     def fall_back(self, executed: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
         """The action of the fallback in charge: the expert's, or the controller's slowed down or braking

@@ -90,7 +90,8 @@ class DriveConfig:
     :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
         only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
         privileged expert drives: an intervention, an upper bound no real car has), each for
-        ``fallback_steps`` after the last alarm; or ``stop``, a minimal-risk manoeuvre that needs
+        ``fallback_steps`` after the score last stood above ``fallback_release`` × the threshold (a
+        lower release level than the alarm's keeps it from handing back into the failure it caught); or ``stop``, a minimal-risk manoeuvre that needs
         nothing privileged: from the first alarm on, no gas and a firm brake while the controller keeps
         steering, and the episode ends as a *safe stop* once the car stands on the road (safe, not a lap)
     :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
@@ -111,6 +112,7 @@ class DriveConfig:
     fallback: str = "none"
     fallback_steps: int = FPS // 10  # 0.1 s: met the fallback target on 3 seeds where 1 s over-intervened on nominal laps
     fallback_speed: float = 30.0
+    fallback_release: float = 1.0  # hand back only after the score stayed at or below this share of the threshold (hysteresis)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -137,6 +139,8 @@ class DriveConfig:
             raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
         if self.fallback != "none" and self.monitor_score is None:
             raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
+        if not 0 < self.fallback_release <= 1:
+            raise ValueError(f"drive config fallback_release must be in (0, 1], got {self.fallback_release}")
         if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:
             raise ValueError("drive config monitor_smooth and fallback_steps must be >= 1, monitor_warmup and fallback_speed >= 0")
 

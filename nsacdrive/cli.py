@@ -137,7 +137,7 @@ SETTING_FLAGS = {
     "drive.pedal_caution": "--pedal-caution", "drive.gas_caution": "--gas-caution",
     "drive.renderer": "--renderer", "drive.raw": "--uncalibrated", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
     "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
-    "drive.fallback_steps": "--fallback-seconds", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
+    "drive.fallback_steps": "--fallback-seconds", "drive.fallback_release": "--fallback-release", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
     "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
@@ -569,7 +569,8 @@ def closed_loop_eval(
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
     fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), stop (brake to a standstill on the road while the controller steers: a safe stop, not a lap; nothing privileged), or expert (the privileged expert drives: an upper bound, an intervention)."),
-    fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the fallback acts after the last alarm."),
+    fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the score must stay clear (see --fallback-release) before the fallback hands the car back."),
+    fallback_release: float = typer.Option(config_default(DriveConfig, "fallback_release"), "--fallback-release", min=0.01, max=1.0, help="Hysteresis: the score counts as clear only at or below this share of the alarm threshold (1: the threshold itself)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
     resume: bool = typer.Option(False, "--resume", help="Skip episodes already evaluated in --out."),
     backend: Backend = typer.Option(config_default(EvalConfig, "backend"), "--backend", help="process (local worker processes) or ray (Ray tasks; the optional extra 'ray')."),
@@ -595,7 +596,8 @@ def closed_loop_eval(
         raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
     drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
                         renderer=renderer.value, raw=uncalibrated,
-                        device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * FPS)), **monitoring)
+                        device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * FPS)),
+                            fallback_release=fallback_release, **monitoring)
     corruptions = _closed_loop_corruptions(corruption)
     config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                         corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,

@@ -263,6 +263,31 @@ def test_slow_cuts_the_gas_and_the_fallback_outlasts_the_alarm(run):
     assert not quiet["fallback"].any()
 
 
+@pytest.mark.parametrize(("release", "clear_steps", "latch", "expected"), [
+    # the trace below alarms once (1.2 > 1.0, at step 9); 1.0 itself is no alarm
+    (1.0, 2, False, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]),
+    (0.5, 2, False, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]),
+    (1.0, 1, False, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]),
+    (1.0, 2, True, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
+])
+def test_the_hand_back_waits_for_the_score_to_stay_clear(release, clear_steps, latch, expected):
+    from nsacdrive.eval.closed_loop import HandBack
+
+    scores = [1.0, 0.2, 0.9, 0.9, 0.7, 0.4, 0.4, 0.4, 0.9, 1.2, 0.3, 0.3]
+    switch = HandBack(clear_steps, release, latch)
+    assert [int(switch.update(s, s > 1.0)) for s in scores] == expected
+
+
+def test_hysteresis_keeps_the_fallback_until_the_score_falls_below_the_release_level():
+    from nsacdrive.eval.closed_loop import HandBack
+
+    scores = [1.5, 0.9, 0.8, 0.6, 0.4, 0.55, 0.3, 0.2, 0.9]
+    plain, hysteresis = HandBack(2, 1.0), HandBack(2, 0.5)
+    assert [int(plain.update(s, s > 1.0)) for s in scores] == [1, 1, 0, 0, 0, 0, 0, 0, 0]
+    # at or below 0.5 twice in a row only at 0.3, 0.2 (0.55 resets the count): handed back at the second
+    assert [int(hysteresis.update(s, s > 1.0)) for s in scores] == [1, 1, 1, 1, 1, 1, 1, 0, 0]
+
+
 def test_stop_brakes_to_a_standstill_on_the_road_while_the_controller_steers(run):
     from nsacdrive.eval.closed_loop import SAFE_STOP, STOP_BRAKE, STOP_SPEED, DriveConfig, EpisodeKey, aggregate, run_episode
 
