@@ -19,8 +19,13 @@ across models. Textures and streaks are generated, nothing is downloaded.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -41,6 +46,7 @@ class Corruption:
     parameters: tuple[float, ...]  # the family's main parameter at severities 1 … 5
     unit: str
     apply: CorruptionFunction
+    per_episode: bool = False  # its randomness is drawn once per episode (a sticker on the lens stays put), not per step
 
 
 def _clip(image: np.ndarray) -> Frame:
@@ -186,21 +192,55 @@ CORRUPTIONS: dict[str, Corruption] = {c.name: c for c in (
 )}
 #: the family names in suite order, registered ones included (a live view of :data:`CORRUPTIONS`)
 FAMILIES = CORRUPTIONS.keys()
+#: the families that ship with nsacdrive: their random streams are keyed by their place in the suite
+BUILTIN_FAMILIES = tuple(CORRUPTIONS)
+
+
+def family_key(name: str) -> int:
+    """The number a family's random streams are seeded with: its place among the built-in families,
+    or, for a registered one, a hash of its name (so it does not depend on the order of registration)."""
+    return BUILTIN_FAMILIES.index(name) if name in BUILTIN_FAMILIES else 1_000 + zlib.crc32(name.encode())
 
 
 def register_corruption(name: str, fn: CorruptionFunction, levels: Sequence[float], description: str,
-                        unit: str = "level") -> None:
+                        unit: str = "level", per_episode: bool = False) -> None:
     """Add family ``name`` to the suite: ``fn(frame, levels[severity - 1], rng)`` corrupts a raw
     uint8 frame, drawing randomness only from ``rng`` (seeded from the seed, the step and the
-    family's place in the suite), so a corrupted frame stays a pure function of (frame, seed,
-    step). ``unit`` names the parameter in listings. The registration lives in this process only."""
+    family's name), so a corrupted frame stays a pure function of (frame, seed, step). With
+    ``per_episode`` the rng is seeded without the step: what it draws (where a sticker sits, how
+    far a camera mount moved) stays put for the whole episode. ``unit`` names the parameter in
+    listings. The registration lives in this process only: workers of an evaluation import the
+    modules named by ``--corruption-module`` (:func:`import_corruption_modules`) themselves."""
     if not name or name in (NO_CORRUPTION, "all") or any(c in name for c in ", \t\n"):
         raise ValueError(f"corruption name {name!r}: give a non-empty name free of commas and spaces, other than 'all' and 'none'")
     if name in CORRUPTIONS:
         raise ValueError(f"corruption {name!r} is already registered")
     if len(levels) != len(SEVERITIES):
         raise ValueError(f"corruption {name!r}: give one level per severity {SEVERITIES}, got {len(levels)}")
-    CORRUPTIONS[name] = Corruption(name, description, tuple(float(level) for level in levels), unit, fn)
+    CORRUPTIONS[name] = Corruption(name, description, tuple(float(level) for level in levels), unit, fn, per_episode)
+
+
+def import_corruption_modules(modules: Sequence[str]) -> None:
+    """Import each module — a dotted name, or the path of a ``.py`` file — whose import registers
+    corruption families with :func:`register_corruption`; each is imported once per process."""
+    for module in modules:
+        if module.endswith(".py"):
+            path = Path(module).resolve()
+            name = f"nsacdrive_corruption_plugin_{zlib.crc32(str(path).encode())}"
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None or not path.is_file():
+                raise ValueError(f"--corruption-module: {module} is not a Python file")
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[name] = loaded
+            spec.loader.exec_module(loaded)
+        else:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                raise ValueError(f"--corruption-module: cannot import {module!r} ({exc}); give a module on the Python "
+                                 "path or the path of a .py file") from None
 
 
 @dataclass(frozen=True)
@@ -220,7 +260,8 @@ class CorruptionSpec:
         if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
             raise ValueError(f"corruption {self.name}: expected a uint8 (H, W, 3) frame, got {frame.dtype} {frame.shape}")
         family = CORRUPTIONS[self.family]
-        rng = np.random.default_rng([seed, step, list(CORRUPTIONS).index(self.family)])
+        key = family_key(self.family)
+        rng = np.random.default_rng([seed, key] if family.per_episode else [seed, step, key])
         return family.apply(frame, family.parameters[self.severity - 1], rng)
 
 

@@ -53,7 +53,7 @@ from nsacdrive.common.seeds import derive_seed
 from nsacdrive.common.versions import write_versions
 from nsacdrive.controllers.actions import cautious_pedals, clip_to_box
 from nsacdrive.controllers.prediction import UncertainPrediction
-from nsacdrive.envs.corruptions import NO_CORRUPTION
+from nsacdrive.envs.corruptions import NO_CORRUPTION, import_corruption_modules
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
 from nsacdrive.eval.configs import (  # torch-free there: the command line reads their defaults
@@ -523,6 +523,7 @@ def _groups_worker(task: GroupsTask) -> int:
     """Drive a task's lockstep groups (inline one after another, or double-buffered with the
     controller in its own process) and write their episodes not yet on disk; returns the number of episodes."""
     keep_freed_memory()  # every step frees and reallocates the same arrays and tensors: ~5 % of an evaluation
+    import_corruption_modules(task.drive.corruption_modules)  # a worker forked before the parent imported them
     groups = task.groups
     if task.inference == "process":
         results = run_pipelined(groups, task.drive)

@@ -114,6 +114,7 @@ class DriveConfig:
     fallback_speed: float = 30.0
     fallback_release: float = 1.0  # hand back only after the score stayed at or below this share of the threshold (hysteresis)
     device: str = "cpu"
+    corruption_modules: tuple[str, ...] = ()  # imported by the command and its workers, never on reading a saved config
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -139,6 +140,7 @@ class DriveConfig:
             raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
         if self.fallback != "none" and self.monitor_score is None:
             raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
+        object.__setattr__(self, "corruption_modules", tuple(self.corruption_modules))
         if not 0 < self.fallback_release <= 1:
             raise ValueError(f"drive config fallback_release must be in (0, 1], got {self.fallback_release}")
         if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:

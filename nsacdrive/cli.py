@@ -137,7 +137,8 @@ SETTING_FLAGS = {
     "drive.pedal_caution": "--pedal-caution", "drive.gas_caution": "--gas-caution",
     "drive.renderer": "--renderer", "drive.raw": "--uncalibrated", "drive.monitor_score": "--monitor-score", "drive.monitor_threshold": "--monitor",
     "drive.monitor_smooth": "--monitor", "drive.monitor_warmup": "--monitor", "drive.fallback": "--fallback",
-    "drive.fallback_steps": "--fallback-seconds", "drive.fallback_release": "--fallback-release", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
+    "drive.fallback_steps": "--fallback-seconds", "drive.fallback_release": "--fallback-release",
+    "drive.corruption_modules": "--corruption-module", "max_steps": "--max-steps", "renderer": "--renderer", "env": "--env", "layout": "--layout",
     "mixing": "DAgger's mixing",  # no collect flag: only `nsacdrive dagger` records episodes with a learner in the loop
 }
 
@@ -565,6 +566,7 @@ def closed_loop_eval(
     uncalibrated: bool = typer.Option(config_default(DriveConfig, "raw"), "--uncalibrated", help="Ignore each run's calibration.json (`nsacdrive calibrate`): raw uncertainty."),
     raw: Optional[bool] = old_spelling("--raw"),
     device: str = typer.Option(config_default(DriveConfig, "device"), "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
+    corruption_module: Optional[list[str]] = typer.Option(None, "--corruption-module", help="A module (dotted name or .py file) whose import registers corruption families (register_corruption); every worker imports it too. Repeatable."),
     corruption: str = typer.Option(",".join(config_default(EvalConfig, "corruptions")), "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
@@ -594,10 +596,14 @@ def closed_loop_eval(
         _check_monitor_inputs(loaded, monitor_score)
     if fallback != "none" and monitor_dir is None:
         raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
+    if corruption_module:  # the user's own modules, named on this command line (a saved config never imports them)
+        from nsacdrive.envs.corruptions import import_corruption_modules
+
+        import_corruption_modules(corruption_module)
     drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
                         renderer=renderer.value, raw=uncalibrated,
                         device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * FPS)),
-                            fallback_release=fallback_release, **monitoring)
+                        fallback_release=fallback_release, corruption_modules=tuple(corruption_module or ()), **monitoring)
     corruptions = _closed_loop_corruptions(corruption)
     config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                         corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
