@@ -3,7 +3,8 @@
 ``nsacdrive eval`` prints aggregates; this is the per-episode view behind them. Each line gives
 the episode, whether it lapped, its score and length, and its misbehaviour events
 (:func:`nsacdrive.eval.misbehaviour.misbehaviour_events`: off the road, spinning, stalled, out of
-the playfield) with the seconds they start and end, or the fault that ended it. Lines fit a
+the playfield) with the seconds they start and end, a safe stop and the share of steps under a
+fallback where there were any, or the fault that ended it. Lines fit a
 terminal's width; the records and logs in ``EVAL_DIR/episodes`` hold everything.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nsacdrive.envs.car_racing import FPS
+from nsacdrive.eval.closed_loop import SAFE_STOP
 from nsacdrive.eval.misbehaviour import Event, misbehaviour_events
 from nsacdrive.eval.results import load_episode, load_records
 
@@ -32,7 +34,13 @@ def _what_happened(eval_dir: Path, record: dict[str, Any]) -> tuple[str, bool]:
         return f"fault: {record['reason']}", True
     _, arrays = load_episode(eval_dir, record["episode_id"])
     events = misbehaviour_events(arrays, record["reason"])
-    return describe_events(events), bool(events)
+    text = describe_events(events)
+    fallback = float(record.get("fallback_fraction", 0.0))
+    if record["reason"] == SAFE_STOP:
+        text = f"safe stop at {record['steps'] / FPS:.1f} s; {text}"
+    if fallback > 0:
+        text = f"{100 * fallback:.0f} % under the fallback; {text}"
+    return text, bool(events) or record["reason"] == SAFE_STOP
 
 
 def _clip(text: str, width: int) -> str:

@@ -12,10 +12,12 @@ from nsacdrive.eval.closed_loop import LOG_FIELDS
 from nsacdrive.eval.episode_table import LINE_WIDTH
 
 
-def write_episode(folder, episode_id: str, off_road: slice | None = None, failed: bool = False, steps: int = 300) -> None:
+def write_episode(folder, episode_id: str, off_road: slice | None = None, failed: bool = False, steps: int = 300,
+                  reason: str = "lap_finished", fallback: float = 0.0) -> None:
     """A record and a per-step log in which the car is off the road during ``off_road``."""
-    record = {"episode_id": episode_id, "failed": failed, "reason": "model raised" if failed else "lap_finished",
-              "lap_finished": not failed, "score": 0.0 if failed else 912.5, "steps": 0 if failed else steps}
+    record = {"episode_id": episode_id, "failed": failed, "reason": "model raised" if failed else reason,
+              "lap_finished": not failed and reason == "lap_finished", "score": 0.0 if failed else 912.5,
+              "steps": 0 if failed else steps, "fallback_fraction": fallback}
     (folder / f"{episode_id}.json").write_text(json.dumps(record))
     if failed:
         return
@@ -47,3 +49,11 @@ def test_each_episode_says_when_and_how_it_misbehaved(tmp_path):
 def test_a_folder_without_episodes_is_one_error_line(tmp_path):
     result = CliRunner().invoke(app, ["episodes", str(tmp_path)])
     assert result.exit_code == 2 and result.output.strip() == f"error: {tmp_path / 'episodes'}: no episode records found"
+
+
+def test_a_safe_stop_and_the_time_under_the_fallback_are_shown(tmp_path):
+    episodes = tmp_path / "eval" / "episodes"
+    episodes.mkdir(parents=True)
+    write_episode(episodes, "run_shift-3_seed001000_r0", steps=250, reason="safe_stop", fallback=0.4)
+    lines = CliRunner().invoke(app, ["episodes", str(tmp_path / "eval"), "--misbehaving"]).output.splitlines()
+    assert lines[1].split()[1] == "no" and lines[1].endswith("40 % under the fallback; safe stop at 5.0 s; none")
