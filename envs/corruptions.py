@@ -153,6 +153,65 @@ def _camera_tilt(frame: Frame, degrees: float, rng: np.random.Generator) -> Fram
     return cv2.warpAffine(frame, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
 
 
+def _low_light(frame: Frame, brightness: float, rng: np.random.Generator) -> Frame:
+    """Dusk: the scene at ``brightness`` of its light through a gamma, with the sensor's gain noise
+    growing as the light falls (an exposure that cannot keep up)."""
+    dark = 255.0 * (frame / 255.0) ** 1.3 * brightness
+    return _clip(dark + rng.normal(0.0, 12.0 * (1.0 - brightness), frame.shape))
+
+
+def _glare(frame: Frame, intensity: float, rng: np.random.Generator) -> Frame:
+    """A low sun in the lens: a bright bloom, centred where the sun stands for the whole episode."""
+    h, w = frame.shape[:2]
+    cy, cx = rng.uniform(0.0, 0.5 * h), rng.uniform(0.0, w)
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    bloom = np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * (0.35 * h) ** 2))[..., None]
+    return _clip(frame + (255.0 - frame) * intensity * bloom)
+
+
+def _occluder(frame: Frame, size: float, rng: np.random.Generator) -> Frame:
+    """Something stuck on the windscreen in front of the camera (a leaf, a sticker): a dark blob of
+    ``size`` × the frame's height, in one place for the whole episode."""
+    h, w = frame.shape[:2]
+    radius = size * h / 2
+    cy, cx = rng.uniform(radius, h - radius), rng.uniform(radius, w - radius)
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    mask = cv2.GaussianBlur(((yy - cy) ** 2 + (xx - cx) ** 2 <= radius ** 2).astype(np.float32), (5, 5), 1.0)[..., None]
+    return _clip(frame * (1 - mask) + 20.0 * mask)
+
+
+def _water_drops(frame: Frame, drops: float, rng: np.random.Generator) -> Frame:
+    """Rain drops on the lens: ``drops`` round patches that blur and brighten what lies behind
+    them, where they landed for the whole episode."""
+    h, w = frame.shape[:2]
+    blurred = cv2.GaussianBlur(frame.astype(np.float32), (0, 0), _scaled(frame, 2.5)) * 1.1 + 10.0
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    mask = np.zeros((h, w), np.float32)
+    for _ in range(int(drops)):
+        cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), _scaled(frame, rng.uniform(3.0, 8.0))
+        mask = np.maximum(mask, ((yy - cy) ** 2 + (xx - cx) ** 2 <= r ** 2).astype(np.float32))
+    mask = cv2.GaussianBlur(mask, (3, 3), 0.8)[..., None]
+    return _clip(frame * (1 - mask) + blurred * mask)
+
+
+def _camera_shift(frame: Frame, pixels: float, rng: np.random.Generator) -> Frame:
+    """A camera mount that slipped: the image moved by ``pixels`` (at 96 high) in a direction fixed
+    for the episode (borders replicated)."""
+    h, w = frame.shape[:2]
+    angle = rng.uniform(0.0, 2 * np.pi)
+    shift = _scaled(frame, pixels)
+    matrix = np.float32([[1, 0, shift * np.cos(angle)], [0, 1, shift * np.sin(angle)]])
+    return cv2.warpAffine(frame, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
+
+
+def _camera_zoom(frame: Frame, scale: float, rng: np.random.Generator) -> Frame:
+    """A lens of another focal length: the image magnified by ``scale`` about its centre (the road
+    looks nearer and its curves sharper than in training)."""
+    h, w = frame.shape[:2]
+    matrix = cv2.getRotationMatrix2D((w / 2, h / 2), 0.0, scale)
+    return cv2.warpAffine(frame, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
+
+
 def _grass_mask(frame: Frame) -> np.ndarray:
     """Pixels of the stock field and grass colours (green well above red and blue), [H, W] bool."""
     rgb = frame.astype(np.int16)
@@ -189,6 +248,16 @@ CORRUPTIONS: dict[str, Corruption] = {c.name: c for c in (
     Corruption("lens-dirt", "dark soft blobs on the lens", (0.04, 0.08, 0.14, 0.2, 0.3), "share covered", _lens_dirt),
     Corruption("camera-tilt", "the camera rolled about its axis", (3, 6, 10, 15, 22), "degrees", _camera_tilt),
     Corruption("background-texture", "grass replaced by a generated texture", (20, 40, 60, 80, 100), "texture contrast", _background_texture),
+    Corruption("low-light", "dusk: a darker scene with the sensor's gain noise", (0.7, 0.55, 0.4, 0.3, 0.2), "share of the light", _low_light),
+    Corruption("glare", "a low sun blooming in the lens (in one place per episode)", (0.2, 0.35, 0.5, 0.65, 0.8), "bloom intensity",
+               _glare, per_episode=True),
+    Corruption("occluder", "something stuck in front of the camera (in one place per episode)", (0.12, 0.18, 0.25, 0.32, 0.4),
+               "diameter (share of height)", _occluder, per_episode=True),
+    Corruption("water-drops", "rain drops on the lens that blur what is behind them (per episode)", (3, 6, 10, 15, 22), "drops",
+               _water_drops, per_episode=True),
+    Corruption("camera-shift", "a camera mount that slipped (per episode)", (2, 4, 6, 9, 12), "pixels at 96 high", _camera_shift,
+               per_episode=True),
+    Corruption("camera-zoom", "a lens of another focal length", (1.05, 1.1, 1.18, 1.27, 1.4), "magnification", _camera_zoom),
 )}
 #: the family names in suite order, registered ones included (a live view of :data:`CORRUPTIONS`)
 FAMILIES = CORRUPTIONS.keys()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
-from nsacdrive.envs.corruptions import FAMILIES, SEVERITIES, CorruptionSpec, _grass_mask, parse_corruptions
+from nsacdrive.envs.corruptions import CORRUPTIONS, FAMILIES, SEVERITIES, CorruptionSpec, _grass_mask, parse_corruptions
 from nsacdrive.envs.front_camera import CameraConfig
 
 
@@ -42,7 +42,8 @@ def test_every_corruption_keeps_the_frame_format_changes_it_and_is_deterministic
     assert np.array_equal(frame, FRAMES[kind])  # the input is not modified
 
 
-DETERMINISTIC = ("defocus-blur", "jpeg", "pixelate")  # no random draw at all
+DETERMINISTIC = ("defocus-blur", "jpeg", "pixelate", "camera-zoom")  # no random draw at all
+PER_EPISODE = ("glare", "occluder", "water-drops", "camera-shift")  # drawn once per episode
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in DETERMINISTIC])
@@ -51,6 +52,15 @@ def test_stochastic_families_draw_anew_for_another_step_or_seed(family):
     spec = CorruptionSpec(family, 3)
     first = spec(frame, seed=1, step=7)
     assert not np.array_equal(first, spec(frame, seed=1, step=8)) or not np.array_equal(first, spec(frame, seed=2, step=7))
+
+
+@pytest.mark.parametrize("family", PER_EPISODE)
+def test_per_episode_families_stay_put_within_an_episode_and_move_between_episodes(family):
+    frame = FRAMES["front-camera"]
+    spec = CorruptionSpec(family, 3)
+    assert CORRUPTIONS[family].per_episode
+    np.testing.assert_array_equal(spec(frame, seed=1, step=7), spec(frame, seed=1, step=400))
+    assert not np.array_equal(spec(frame, seed=1, step=7), spec(frame, seed=2, step=7))
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "background-texture"])
