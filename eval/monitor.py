@@ -332,9 +332,26 @@ def run_monitor(eval_dirs: Sequence[Path], fit_dirs: Sequence[Path] = (),
         "episodes_without_log": skipped,
         "nominal_episodes": len(nominal),
         "failures": failures,
+        "outcomes": outcomes(eval_dirs),
         "scores": evaluate_monitors(episodes, nominal, config),
     }
     return result, episodes
+
+
+#: what :func:`outcomes` keeps of each aggregate row of an evaluation
+OUTCOME_FIELDS = ("run", "model", "colour_preset", "corruption", "episodes", "faults", "laps", "safe_stops", "off_road_events",
+                  "alarms_per_episode", "fallback_fraction")
+
+
+def outcomes(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per evaluation, controller and condition: episodes, faults, laps finished, safe stops, off-road
+    events, alarms per episode and the share of steps under the fallback (what the monitor's alarms led
+    to); numbers that do not exist (no episode driven to its end) are None."""
+    from nsacdrive.common.atomic import json_safe
+    from nsacdrive.eval.closed_loop import aggregate
+
+    return json_safe([{"evaluation": str(eval_dir), **{name: row[name] for name in OUTCOME_FIELDS}}
+                      for eval_dir in eval_dirs for row in aggregate(load_records(eval_dir))])
 
 
 # --------------------------------------------------------------------------- output

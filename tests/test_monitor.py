@@ -185,6 +185,9 @@ def test_the_command_writes_every_score_with_its_windows(evaluation, tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "mon" / "monitor.json").read_text())
     assert saved["episodes"] == 4 and saved["nominal_episodes"] == 2  # the clean ones set the thresholds
+    assert [(o["colour_preset"], o["episodes"], o["laps"] + o["safe_stops"] <= o["episodes"]) for o in saved["outcomes"]] == [
+        ("default", 2, True), ("shift-3", 2, True)]
+    assert {"off_road_events", "fallback_fraction", "faults"} <= set(saved["outcomes"][0])
     assert {"steer_std", "abs_steer", "speed", "curvature"} <= set(saved["scores"])
     for entry in saved["scores"].values():
         assert set(entry["windows"]) == {"1", "2"}
