@@ -457,8 +457,6 @@ def load_config(folder: str | Path) -> PPOConfig:
 
 # --- The exported policy: policy.safetensors + policy.json, read without unpickling anything ---
 
-_POLICY_CLASSES = ("ActorCriticPolicy", "ActorCriticCnnPolicy")
-_FEATURES_EXTRACTORS = ("FlattenExtractor", "NatureCNN")
 _SPACE_DTYPES = ("float32", "float64", "uint8")
 
 
@@ -625,7 +623,7 @@ def _read_policy_kwargs(obj: _JsonObject) -> dict[str, Any]:
         "full_std": obj.flag("full_std"),
         "use_expln": obj.flag("use_expln"),
         "squash_output": obj.flag("squash_output"),
-        "features_extractor_class": _features_extractors()[obj.choice("features_extractor_class", _FEATURES_EXTRACTORS)],
+        "features_extractor_class": _features_extractors()[obj.choice("features_extractor_class", tuple(_features_extractors()))],
         "features_extractor_kwargs": extractor_kwargs.data,
         "share_features_extractor": obj.flag("share_features_extractor"),
         "normalize_images": obj.flag("normalize_images"),
@@ -672,8 +670,11 @@ class ObsNormalization:
     epsilon: float
     clip_obs: float
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", np.sqrt(self.var + self.epsilon))  # once, not at every decision
+
     def __call__(self, observation: np.ndarray) -> np.ndarray:
-        normalized = (observation - self.mean) / np.sqrt(self.var + self.epsilon)
+        normalized = (observation - self.mean) / self.scale
         return np.clip(normalized, -self.clip_obs, self.clip_obs).astype(np.float32)
 
 
@@ -782,7 +783,7 @@ def load_exported_policy(folder: str | Path, config: PPOConfig) -> ExportedPolic
         raise root.error("weights_sha256", "a sha256 hex digest (64 lowercase hex digits)")
     num_timesteps = root.get("num_timesteps", int, "a whole number")
     spec = root.object("policy")
-    policy_class = _policy_classes()[spec.choice("class", _POLICY_CLASSES)]
+    policy_class = _policy_classes()[spec.choice("class", tuple(_policy_classes()))]
     kwargs = _read_policy_kwargs(spec)
     observation_space, action_space = _read_box(root.object("observation_space")), _read_box(root.object("action_space"))
     _check_spaces(path, observation_space, action_space, config)

@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from bench.results import render_table
+from nsacdrive.common.atomic import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = "<!-- generated from the code by `make reference`: do not edit -->"
@@ -130,13 +131,11 @@ PAGES = {"docs/reference/cli.md": cli_page, "docs/reference/configs.md": config_
 
 
 def render(root: Path = REPO) -> list[Path]:
-    """Write every reference page; returns their paths."""
+    """Write every reference page (atomically); returns their paths."""
     written = []
     for relative, page in PAGES.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page() + "\n")
-        written.append(path)
+        atomic_write_bytes(root / relative, (page() + "\n").encode())
+        written.append(root / relative)
     return written
 
 

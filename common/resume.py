@@ -66,7 +66,7 @@ def _as_typed(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A field value as JSON stores it (nested dataclasses as dicts, tuples as lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
@@ -75,7 +75,7 @@ def _plain(value: Any) -> Any:
 
 def settings_of(config: Any, fields: Sequence[str]) -> dict[str, Any]:
     """The named fields of the dataclass instance ``config``, JSON-ready."""
-    return {name: _plain(getattr(config, name)) for name in fields}
+    return {name: plain(getattr(config, name)) for name in fields}
 
 
 def record_settings(folder: Path, config: Any, fields: Sequence[str]) -> None:
@@ -83,11 +83,11 @@ def record_settings(folder: Path, config: Any, fields: Sequence[str]) -> None:
     atomic_write_json(Path(folder) / SETTINGS_FILE, settings_of(config, fields))
 
 
-def _differences(name: str, recorded: Any, requested: Any) -> list[SettingChange]:
+def differences(name: str, recorded: Any, requested: Any) -> list[SettingChange]:
     """The leaves that differ; nested configs (dicts on both sides) are compared field by field."""
     if isinstance(recorded, dict) and isinstance(requested, dict):
         return [change for key in sorted(recorded.keys() | requested.keys())
-                for change in _differences(f"{name}.{key}", recorded.get(key), requested.get(key))]
+                for change in differences(f"{name}.{key}", recorded.get(key), requested.get(key))]
     return [] if recorded == requested else [SettingChange(name, recorded, requested)]
 
 
@@ -119,6 +119,6 @@ def check_settings(folder: Path, config: Any, fields: Sequence[str]) -> None:
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: unreadable settings record ({type(exc).__name__}: {exc})") from None
     before, now = settings_of(as_recorded, fields), settings_of(config, fields)
-    changes = [change for name in fields for change in _differences(name, before[name], now[name])]
+    changes = [change for name in fields for change in differences(name, before[name], now[name])]
     if changes:
         raise SettingsChanged(path, changes)

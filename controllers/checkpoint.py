@@ -38,6 +38,7 @@ from safetensors.torch import save
 from nsacdrive.common.atomic import atomic_folder, atomic_write_bytes, atomic_write_json
 
 CONFIG_FILE = "config.json"
+HISTORY_FILE = "history.json"
 WEIGHTS_FILE = "model.safetensors"
 CHECKSUMS_FILE = "checksums.json"
 RESUME_DIR = "resume"

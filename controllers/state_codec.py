@@ -42,9 +42,13 @@ def encode_state(state: Any) -> tuple[bytes, bytes]:
     def encode(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             name = f"t{len(tensors)}"
-            tensors[name] = value.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
+            # one copy, on the CPU, contiguous and never sharing storage (which safetensors refuses)
+            tensors[name] = value.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
             return {"tensor": name}
         if isinstance(value, dict):
+            bad = [key for key in value if not (key is None or isinstance(key, (bool, int, float, str)))]
+            if bad:  # decode_state reads only these keys back: refuse now, not at the resume
+                raise TypeError(f"trainer state: a dict key must be a string, number, boolean or None, got {bad[0]!r}")
             return {"dict": [[encode(key), encode(item)] for key, item in value.items()]}
         if isinstance(value, tuple):
             return {"tuple": [encode(item) for item in value]}

@@ -49,12 +49,14 @@ from nsacdrive.common.atomic import atomic_write_json, remove_partial_files
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.prefetch import prefetched
 from nsacdrive.common.progress import progress_bar
+from nsacdrive.common.resume import differences, plain
 from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
 from nsacdrive.common.versions import VERSIONS_FILE, check_versions, write_versions
 from nsacdrive.controllers.augment import colour_augment, colour_augment_yuv
 from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
     CONFIG_FILE,
+    HISTORY_FILE,
     LAST_WEIGHTS,
     RESUME_DIR,
     STATE_SKELETON,
@@ -101,19 +103,6 @@ def resolve_split(config: TrainConfig) -> TrainConfig:
     n_held = max(1, round(0.1 * len(seeds)))
     test, val, train = seeds[-n_held:], seeds[-2 * n_held : -n_held], seeds[: -2 * n_held]
     return dataclasses.replace(config, train_seeds=format_seeds(train), val_seeds=format_seeds(val), test_seeds=format_seeds(test))
-
-
-def differing_fields(there: dict, now: dict, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(``field`` or ``field.subfield``, value there, value now) for every setting that differs
-    between two config dicts, compared as JSON stores them (tuples as lists)."""
-    changed = []
-    for name in sorted(set(there) | set(now)):
-        old, new = json.loads(json.dumps(there.get(name))), json.loads(json.dumps(now.get(name)))
-        if isinstance(old, dict) and isinstance(new, dict):
-            changed.extend(differing_fields(old, new, f"{prefix}{name}."))
-        elif old != new:
-            changed.append((f"{prefix}{name}", json.dumps(old), json.dumps(new)))
-    return changed
 
 
 class TrainingDiverged(ValueError):
@@ -224,16 +213,16 @@ class Trainer:
 
     def _publish(self, checkpoint: Checkpoint) -> None:
         publish(self.run_dir, checkpoint)
-        atomic_write_json(self.run_dir / "history.json", self.state.history)
+        atomic_write_json(self.run_dir / HISTORY_FILE, self.state.history)
 
     def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Continue from ``checkpoint`` (verified first); the config must be the run's config.json."""
         # through the dataclass, so fields added since the run was written compare at their defaults
-        on_disk = TrainConfig.from_dict(read_config(self.run_dir)).to_dict()
-        changed = differing_fields(on_disk, self.config.to_dict())
+        on_disk, now = plain(TrainConfig.from_dict(read_config(self.run_dir)).to_dict()), plain(self.config.to_dict())
+        changed = [c for name in sorted(on_disk.keys() | now.keys()) for c in differences(name, on_disk.get(name), now.get(name))]
         if changed:
             raise CheckpointError(f"{self.run_dir}: --resume with another configuration than the run's config.json: "
-                                  + "; ".join(f"{name} {there} there, {now} now" for name, there, now in changed[:8])
+                                  + "; ".join(f"{c.name} {json.dumps(c.recorded)} there, {json.dumps(c.requested)} now" for c in changed[:8])
                                   + (f"; and {len(changed) - 8} more" if len(changed) > 8 else "")
                                   + " (resume with the run's settings, or train into another --out)")
         check_versions(self.run_dir)
@@ -376,7 +365,7 @@ class Trainer:
     def _abandon_start(self) -> None:
         """Remove what :meth:`_start` wrote for a run that failed before its first checkpoint, so no
         half-made run folder stays (a kill keeps it: ``--resume`` starts it again)."""
-        for name in (CONFIG_FILE, VERSIONS_FILE, "history.json"):
+        for name in (CONFIG_FILE, VERSIONS_FILE, HISTORY_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / "tensorboard", ignore_errors=True)
         shutil.rmtree(self.run_dir / RESUME_DIR, ignore_errors=True)

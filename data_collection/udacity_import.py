@@ -55,7 +55,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -325,6 +325,9 @@ class ImageFolder:
 
     folder: Path
     allow_outside: bool = False
+    #: image folder → its symlink-resolved path, for this reader's import only (a recording's images
+    #: share a few folders; a later import re-resolves, so a re-pointed symlink is seen)
+    _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def roots(self) -> tuple[str, ...]:
@@ -343,7 +346,10 @@ class ImageFolder:
             if os.path.islink(lexical):
                 resolved = os.path.realpath(lexical)
             else:
-                resolved = os.path.join(_resolved_folder(os.path.dirname(lexical)), os.path.basename(lexical))
+                folder = os.path.dirname(lexical)
+                if folder not in self._resolved:
+                    self._resolved[folder] = os.path.realpath(folder)
+                resolved = os.path.join(self._resolved[folder], os.path.basename(lexical))
         except (OSError, ValueError):  # a name too long, a NUL byte: not a usable image path
             return False
         return _within(resolved, self.roots[-1])
@@ -370,11 +376,6 @@ class ImageFolder:
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-@lru_cache(maxsize=256)
-def _resolved_folder(folder: str) -> str:
-    return os.path.realpath(folder)
 
 
 def _is_file(path: Path) -> bool:
@@ -507,7 +508,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
     from nsacdrive.common.progress import progress_bar
 
     folder, out = Path(folder), Path(out)
-    log, header = read_driving_log(folder)
+    log = read_driving_log(folder)[0]
     images = ImageFolder(folder, config.allow_outside)
     problems = ProblemList(IMAGE_PROBLEMS)
     bad_rows = 0
@@ -516,7 +517,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        writer = _EpisodeWriter(stage, folder, header, log.cameras, config)
+        writer = _EpisodeWriter(stage, folder, log.header, log.cameras, config)
         for row in progress_bar(log, total=len(log), desc="importing", unit="row", disable=not progress):
             frames, row_problems = {}, []
             for camera in log.cameras:
@@ -540,7 +541,7 @@ def import_recording(folder: str | Path, out: str | Path, config: ImportConfig =
         _move_into(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return ImportResult(out, writer.episodes, writer.steps, len(log), header, log.cameras, bad_rows, problems)
+    return ImportResult(out, writer.episodes, writer.steps, len(log), log.header, log.cameras, bad_rows, problems)
 
 
 def _move_into(stage: Path, out: Path) -> None:

@@ -208,6 +208,7 @@ class EpisodeDrive:
         self.drive = drive
         self.monitor = None if drive.monitor_score is None else LiveMonitor(
             drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
+        self.safe_stop = False  # ``--fallback stop`` brought the car to a standstill on the road
         threshold = drive.monitor_threshold or 0.0
         self.hand_back = HandBack(drive.fallback_steps, threshold - (1.0 - drive.fallback_release) * abs(threshold),
                                   latch=drive.fallback == "stop")
@@ -267,7 +268,7 @@ class EpisodeDrive:
             self.state = privileged_state(self.env)
             self.speed = self.state.pose.forward_speed
             if self.stopping and self.speed < STOP_SPEED and abs(self.state.lateral_error) <= self.env.unwrapped.geometry.half_width:
-                self.truncated, self.info = True, {**self.info, SAFE_STOP: True}
+                self.truncated = self.safe_stop = True
         except Exception as exc:
             self.fail(exc)
 
@@ -291,7 +292,7 @@ class EpisodeDrive:
     @property
     def stopping(self) -> bool:
         """Whether ``--fallback stop`` has taken the car (it never hands it back)."""
-        return self.drive.fallback == "stop" and self.hand_back.active
+        return self.hand_back.latch and self.hand_back.active
 
     def fall_back(self, executed: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
         """The action of the fallback in charge: the expert's, or the controller's slowed down or braking
@@ -323,7 +324,7 @@ class EpisodeDrive:
         raw = arrays["raw_action"]
         record = EpisodeRecord(
             key.run, model, key.colour_preset, key.track_seed, key.repeat, failed=False,
-            reason=SAFE_STOP if self.info.get(SAFE_STOP) else termination_reason(self.terminated, self.truncated, self.info),
+            reason=SAFE_STOP if self.safe_stop else termination_reason(self.terminated, self.truncated, self.info),
             steps=len(lateral), score=self.score,
             lap_finished=bool(self.info.get("lap_finished", False)),
             route_completion=float(base.tile_visited_count / len(base.track)),

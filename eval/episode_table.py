@@ -1,6 +1,8 @@
-"""One line per closed-loop episode: did it lap, and when and how did it misbehave.
+"""A closed-loop evaluation's terminal tables: one line per controller and condition
+(:func:`summary_lines`, what ``nsacdrive eval`` prints), and one line per episode — did it lap, and
+when and how did it misbehave (:func:`episode_lines`, ``nsacdrive episodes``).
 
-``nsacdrive eval`` prints aggregates; this is the per-episode view behind them. Each line gives
+The per-episode view is the one behind the aggregates. Each line gives
 the episode, whether it lapped, its score and length, and its misbehaviour events
 (:func:`nsacdrive.eval.misbehaviour.misbehaviour_events`: off the road, spinning, stalled, out of
 the playfield) with the seconds they start and end, a safe stop and the share of steps under a
@@ -16,9 +18,9 @@ from typing import Any
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.eval.closed_loop import SAFE_STOP
 from nsacdrive.eval.misbehaviour import Event, misbehaviour_events
-from nsacdrive.eval.results import load_episode, load_records
+from nsacdrive.eval.results import condition_label, load_episode, load_records
 
-#: the widest line :func:`episode_lines` writes
+#: the widest line these tables write
 LINE_WIDTH = 100
 _HEAD = f"{'lap':>4}{'score':>8}{'secs':>6}  "
 
@@ -44,7 +46,28 @@ def _what_happened(eval_dir: Path, record: dict[str, Any]) -> tuple[str, bool]:
 
 
 def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut with an ellipsis."""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``eval``'s table in at most :data:`LINE_WIDTH` columns: per run and condition the episodes,
+    the faults (episodes an exception ended), the laps finished beside the off-road events, success
+    mean ± std over the repeats, mean score, mean |lateral error| and driving score. Long run and
+    condition names are cut with an ellipsis."""
+    head = f"{'episodes':>9}{'faults':>7}{'laps':>6}{'off-road':>9}{'success':>13}{'score':>8}{'|lat|':>7}{'DS':>6}"
+    condition_need = max(len("condition"), *(len(condition_label(r)) for r in rows)) + 1
+    run_need = max(len("run (model)"), *(len(f"{r['run']} ({r['model']})") for r in rows)) + 1
+    room = LINE_WIDTH - len(head)
+    condition_width = condition_need if run_need + condition_need <= room else min(condition_need, max(18, room - run_need))
+    run_width = min(run_need, room - condition_width)
+    lines = [f"{'run (model)':<{run_width}}{'condition':<{condition_width}}{head}"]
+    for r in rows:
+        lines.append(f"{_clip(r['run'] + ' (' + r['model'] + ')', run_width - 1):<{run_width}}"
+                     f"{_clip(condition_label(r), condition_width - 1):<{condition_width}}{r['episodes']:>9}{r['faults']:>7}"
+                     f"{r['laps']:>6}{r['off_road_events']:>9}{100 * r['success_mean']:>6.0f}% ± {100 * r['success_std']:<3.0f}"
+                     f"{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
+    return lines
 
 
 def episode_lines(eval_dir: str | Path, misbehaving_only: bool = False) -> list[str]:

@@ -583,6 +583,8 @@ def closed_loop_eval(
     if backend.value == "process" and (workers > 1 or inference.value != "inline"):
         start_worker_server(WORKER_TASKS_MODULE)  # its imports run beside the next line's
     from nsacdrive.eval.closed_loop import evaluate_closed_loop
+    from nsacdrive.eval.episode_table import summary_lines
+    from nsacdrive.eval.results import condition_label
 
     if address is not None and backend.value != "ray":
         raise typer.BadParameter("--address: only used with --backend ray")
@@ -610,51 +612,18 @@ def closed_loop_eval(
                         backend=backend.value, address=address, inference=inference.value)
     with _writing(out, "eval"):
         rows = evaluate_closed_loop(config, out, resume=resume)
-    typer.echo("\n".join(_summary_table(rows)))
+    typer.echo("\n".join(summary_lines(rows)))
     if drive.monitor_score is not None:
         typer.echo(f"monitor {drive.monitor_score} > {drive.monitor_threshold:.4g} (smoothed over {drive.monitor_smooth} steps), "
                    f"fallback {drive.fallback}:")
         for r in rows:
             lap = f"{r['mean_lap_steps'] / FPS:.1f} s" if r["mean_lap_steps"] == r["mean_lap_steps"] else "no lap"
             stops = f", {r['safe_stops']} safe stops" if drive.fallback == "stop" else ""
-            typer.echo(f"  {r['run']} {_condition(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
+            typer.echo(f"  {r['run']} {condition_label(r)}: {r['alarms_per_episode']:.1f} alarms per episode, "
                        f"{100 * r['fallback_fraction']:.1f} % of steps under the fallback, mean lap {lap}{stops}")
     typer.echo(f"per-step logs and summary → {out}")
-    _warn_of_faults(out)
-
-
-#: ``eval``'s terminal table: the most columns it may take (aggregates.json holds every aggregate)
-TABLE_WIDTH = 100
-
-
-def _condition(row: dict[str, Any]) -> str:
-    """A row's colour preset, with its corruption when it has one (``default+fog-3``)."""
-    return row["colour_preset"] if row["corruption"] == "none" else f"{row['colour_preset']}+{row['corruption']}"
-
-
-def _clip(text: str, width: int) -> str:
-    """``text`` in at most ``width`` characters, cut with an ellipsis."""
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-def _summary_table(rows: list[dict[str, Any]]) -> list[str]:
-    """``eval``'s table in at most :data:`TABLE_WIDTH` columns: per run and condition the episodes,
-    the faults (episodes an exception ended), the laps finished beside the off-road events, success
-    mean ± std over the repeats, mean score, mean |lateral error| and driving score. Long run and
-    condition names are cut with an ellipsis."""
-    head = f"{'episodes':>9}{'faults':>7}{'laps':>6}{'off-road':>9}{'success':>13}{'score':>8}{'|lat|':>7}{'DS':>6}"
-    condition_need = max(len("condition"), *(len(_condition(r)) for r in rows)) + 1
-    run_need = max(len("run (model)"), *(len(f"{r['run']} ({r['model']})") for r in rows)) + 1
-    room = TABLE_WIDTH - len(head)
-    condition_width = condition_need if run_need + condition_need <= room else min(condition_need, max(18, room - run_need))
-    run_width = min(run_need, room - condition_width)
-    lines = [f"{'run (model)':<{run_width}}{'condition':<{condition_width}}{head}"]
-    for r in rows:
-        lines.append(f"{_clip(r['run'] + ' (' + r['model'] + ')', run_width - 1):<{run_width}}"
-                     f"{_clip(_condition(r), condition_width - 1):<{condition_width}}{r['episodes']:>9}{r['faults']:>7}"
-                     f"{r['laps']:>6}{r['off_road_events']:>9}{100 * r['success_mean']:>6.0f}% ± {100 * r['success_std']:<3.0f}"
-                     f"{r['score_mean']:>8.1f}{r['mean_abs_lateral_error']:>7.2f}{r['driving_score']:>6.2f}")
-    return lines
+    if any(r["faults"] for r in rows):  # the rows counted them; only then read the records for the reason
+        _warn_of_faults(out)
 
 
 def _warn_of_faults(eval_dir: Path) -> None:

@@ -9,7 +9,9 @@ import typer
 from data_fixtures import normalize
 from typer.testing import CliRunner
 
-from nsacdrive.cli import TABLE_WIDTH, _summary_table, app
+from nsacdrive.cli import app
+from nsacdrive.eval.episode_table import LINE_WIDTH as TABLE_WIDTH
+from nsacdrive.eval.episode_table import summary_lines as _summary_table
 
 
 def invoke(*args):
