@@ -53,6 +53,7 @@ import numpy as np
 
 from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, check_ranges
 from nsacdrive.common.progress import is_terminal
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, PrivilegedState, privileged_state
@@ -171,6 +172,12 @@ def make_pixel_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
     return env
 
 
+#: the numbers PPOConfig's numeric fields may take (``eval_freq`` 0: no evaluation)
+PPO_RANGES = {**dict.fromkeys(("timesteps", "n_envs", "eval_episodes", "max_episode_steps", "n_steps", "batch_size", "n_epochs",
+                               "frame_stack", "frame_skip"), AT_LEAST_ONE),
+              "eval_freq": NON_NEGATIVE}
+
+
 @dataclass
 class PPOConfig:
     """Everything that defines a PPO training run; stored as ``config.json`` beside the model."""
@@ -211,11 +218,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         if self.obs not in OBS_KINDS:
             raise ValueError(f"obs must be one of {OBS_KINDS}, got {self.obs!r}")
-        for name in ("timesteps", "n_envs", "n_steps", "batch_size", "n_epochs", "max_episode_steps", "frame_stack", "frame_skip"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.eval_freq < 0 or self.eval_episodes < 1:
-            raise ValueError("eval_freq must be >= 0 and eval_episodes >= 1")
+        check_ranges(self, "PPO config", PPO_RANGES)
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
         self.net_arch = [int(n) for n in self.net_arch]

@@ -30,20 +30,29 @@ GENERATED = "<!-- generated from the code by `make reference`: do not edit -->"
 
 def _configs() -> list[tuple[type, dict[str, Any]]]:
     """The config dataclasses a user sets, each with the ranges its checks apply (field → Range)."""
-    from nsacdrive.agents.ppo import PPOConfig
+    from nsacdrive.agents.ppo import PPO_RANGES, PPOConfig
     from nsacdrive.controllers import model_config, train_config
     from nsacdrive.controllers.augment import AUGMENT_RANGES, AugmentConfig
     from nsacdrive.controllers.encoders import ENCODER_RANGES, EncoderConfig
     from nsacdrive.controllers.udacity_augment import UDACITY_AUGMENT_RANGES, UdacityAugmentConfig
-    from nsacdrive.data_collection.recorder import COLLECT_RANGES, CollectConfig, NoiseConfig
-    from nsacdrive.data_collection.udacity_import import ImportConfig
-    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig
-    from nsacdrive.eval.dagger import DaggerConfig
+    from nsacdrive.data_collection.recorder import COLLECT_RANGES, NOISE_RANGES, CollectConfig, NoiseConfig
+    from nsacdrive.data_collection.udacity_import import IMPORT_RANGES, ImportConfig
+    from nsacdrive.eval.configs import (
+        DAGGER_RANGES,
+        DRIVE_RANGES,
+        EVAL_RANGES,
+        MONITOR_RANGES,
+        DaggerConfig,
+        DriveConfig,
+        EvalConfig,
+        MonitorConfig,
+    )
 
     return [(train_config.TrainConfig, train_config.RANGES), (model_config.ModelConfig, model_config.RANGES),
             (EncoderConfig, ENCODER_RANGES), (AugmentConfig, AUGMENT_RANGES), (UdacityAugmentConfig, UDACITY_AUGMENT_RANGES),
-            (CollectConfig, COLLECT_RANGES), (NoiseConfig, {}),
-            (DriveConfig, {}), (EvalConfig, {}), (DaggerConfig, {}), (ImportConfig, {}), (PPOConfig, {})]
+            (CollectConfig, COLLECT_RANGES), (NoiseConfig, NOISE_RANGES),
+            (DriveConfig, DRIVE_RANGES), (EvalConfig, EVAL_RANGES), (MonitorConfig, MONITOR_RANGES), (DaggerConfig, DAGGER_RANGES),
+            (ImportConfig, IMPORT_RANGES), (PPOConfig, PPO_RANGES)]
 
 
 def _type_name(annotation: Any) -> str:

@@ -7,6 +7,7 @@ lie in it. A bool is not a number here (``True`` is no epoch count), an int is a
 must be finite; what JSON gives is converted first: a list for a tuple field becomes a tuple, an
 object for a nested config becomes that config (:func:`config_from_dict`, unknown keys rejected;
 :func:`field_from_json` does the same for one field, for code that rebuilds a config from JSON).
+A config whose callers pass other types (paths, lists) checks only its ranges, :func:`check_ranges`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import types
 import typing
 from collections.abc import Mapping
@@ -84,6 +86,33 @@ def check_fields(config: Any, where: str, ranges: Mapping[str, Range] | None = N
         bounds = ranges.get(name)
         if bounds is not None and not all(bounds.contains(number) for number in _numbers(value)):
             raise ValueError(f"{where} {name} must be {bounds}, got {given!r}")
+
+
+def check_ranges(config: Any, where: str, ranges: Mapping[str, Range]) -> None:
+    """Raise ValueError naming ``where``, the field, its range and the value given, unless every
+    number of each field in ``ranges`` lies in its range (a tuple's elements each; None is exempt).
+
+    For configs whose fields :func:`check_fields` cannot type-check strictly (a ``Path`` for a
+    string, a list for a tuple a caller converts itself): only the ranges are checked, so one dict
+    gives both the checks and the reference page's ranges. A field that may be None says so in the
+    message ("must be >= 0 or None").
+
+    :param config: a dataclass instance
+    :param where: what the config is called in messages (``"drive config"`` → "drive config max_steps must be …")
+    :param ranges: field name → allowed numbers (every key must be a field of ``config``)
+    """
+    annotations = _annotations(type(config))
+    if not set(ranges) <= set(annotations):
+        raise TypeError(f"{type(config).__name__}: ranges for unknown fields {sorted(set(ranges) - set(annotations))}")
+    for name, bounds in ranges.items():
+        value = getattr(config, name)
+        optional = type(None) in _alternatives(annotations[name])
+        if value is None and optional:
+            continue
+        items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        found = _numbers(items)
+        if len(found) != len(items) or not all(bounds.contains(number) for number in found):  # a non-number is in no range
+            raise ValueError(f"{where} {name} must be {bounds}{' or None' if optional else ''}, got {value!r}")
 
 
 def config_from_dict(cls: type[Config], data: Any, where: str) -> Config:
@@ -182,4 +211,4 @@ def _plural(annotation: Any) -> str:
 def _numbers(value: Any) -> list[float]:
     """The numbers a range applies to: the value itself, or a tuple's elements; None is exempt."""
     items = value if isinstance(value, tuple) else (value,)
-    return [item for item in items if isinstance(item, (int, float)) and not isinstance(item, bool)]
+    return [item for item in items if isinstance(item, numbers.Real) and not isinstance(item, bool)]

@@ -160,6 +160,8 @@ MAX_STEPS = Range(1, 100_000)
 COLLECT_RANGES = {"max_steps": MAX_STEPS, "workers": WIDTH, "side_offset": POSITIVE, "camera_fov": HORIZONTAL_FOV}
 #: the largest action-noise std: actions live in [-1, 1], so more is noise, not a demonstration
 MAX_NOISE = 2.0
+#: the numbers NoiseConfig's fields may take: the std, and a salt that fits a signed 64-bit integer
+NOISE_RANGES = {"sigma": Range(0, MAX_NOISE), "seed": Range(0, 2**63, high_open=True)}
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,12 @@ class NoiseConfig:
     sigma: float = 0.0
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not 0 <= self.sigma <= MAX_NOISE:
-            raise ValueError(f"--noise must be a number in [0, {MAX_NOISE}] (the std of the noise on actions in [-1, 1]), "
-                             f"got {self.sigma}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"--noise-seed must be an integer in [0, 2**63), got {self.seed}")
+    def __post_init__(self) -> None:  # the messages name the command's options: a user sets these there
+        sigma, seed = NOISE_RANGES["sigma"], NOISE_RANGES["seed"]
+        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not sigma.contains(self.sigma):
+            raise ValueError(f"--noise must be a number {sigma} (the std of the noise on actions in [-1, 1]), got {self.sigma}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not seed.contains(self.seed):
+            raise ValueError(f"--noise-seed must be an integer in [0, 2**63), got {self.seed}")  # the range, as a reader writes it
 
 
 @dataclass(frozen=True)

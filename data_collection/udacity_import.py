@@ -63,6 +63,7 @@ import cv2
 import numpy as np
 
 from nsacdrive.common.atomic import PARTIAL_SUFFIX, STALE_SUFFIX, atomic_write_json, remove_abandoned_stages, replace_folder
+from nsacdrive.common.config_checks import NON_NEGATIVE, Range
 from nsacdrive.data_collection.episode import CAMERA_ARRAYS, EpisodePaths, write_episode
 from nsacdrive.data_collection.errors import DatasetError
 from nsacdrive.data_collection.manifest import sidecar_paths, write_manifest
@@ -89,6 +90,10 @@ class UdacityImportError(DatasetError):
 
 #: the longest imported episode: CarRacing's horizon; its three cameras' frames take about half a GB while it is written
 MAX_EPISODE_LENGTH = 1000
+#: the numbers ImportConfig's numeric fields may take (an episode's decoded frames are held while it is written)
+IMPORT_RANGES = {"episode_length": Range(1, MAX_EPISODE_LENGTH), "first_seed": NON_NEGATIVE}
+#: what each of those fields is called in messages: the ``nsacdrive udacity import`` option that sets it
+_IMPORT_OPTIONS = {"episode_length": "--episode-length", "first_seed": "--seed"}
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,10 @@ class ImportConfig:
     allow_outside: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= self.episode_length <= MAX_EPISODE_LENGTH:  # an episode's decoded frames are held while it is written
-            raise ValueError(f"--episode-length must be in [1, {MAX_EPISODE_LENGTH}], got {self.episode_length}")
-        if self.first_seed < 0:
-            raise ValueError(f"first_seed must be >= 0, got {self.first_seed}")
+        for name, bounds in IMPORT_RANGES.items():
+            value = getattr(self, name)
+            if not bounds.contains(value):
+                raise ValueError(f"{_IMPORT_OPTIONS[name]} must be {bounds}, got {value!r}")
 
 
 @dataclass(frozen=True)

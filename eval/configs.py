@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from nsacdrive.common.backends import BACKENDS
+from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check_ranges
 from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
@@ -46,6 +47,14 @@ def gas_caution_fits(pedal_caution: float | None, gas_caution: float | None) -> 
     return gas_caution is None or (pedal_caution is not None and gas_caution >= 0)
 
 
+#: a probability strictly between 0 and 1 (a quantile, a false-alarm rate, a confidence)
+OPEN_UNIT_INTERVAL = Range(0, 1, low_open=True, high_open=True)
+#: the numbers MonitorConfig's numeric fields may take (each window of ``windows_s``)
+MONITOR_RANGES = {"windows_s": AT_LEAST_ONE, "smooth_steps": AT_LEAST_ONE, "warmup_steps": NON_NEGATIVE,
+                  "quantile": OPEN_UNIT_INTERVAL, "false_alarm_rate": OPEN_UNIT_INTERVAL, "confidence": OPEN_UNIT_INTERVAL,
+                  "strata": AT_LEAST_ONE}
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
     """How failures are predicted and judged; times in steps of 1/50 s unless named ``_s``."""
@@ -63,12 +72,16 @@ class MonitorConfig:
     def __post_init__(self) -> None:
         if self.threshold not in MONITOR_THRESHOLDS:
             raise ValueError(f"threshold: expected one of {', '.join(MONITOR_THRESHOLDS)}, got {self.threshold!r}")
-        if not self.windows_s or min(self.windows_s) < 1:
-            raise ValueError(f"windows_s must be positive whole seconds, got {self.windows_s}")
-        if not 0 < self.quantile < 1 or not 0 < self.false_alarm_rate < 1 or not 0 < self.confidence < 1:
-            raise ValueError("quantile, false_alarm_rate and confidence must lie in (0, 1)")
-        if self.smooth_steps < 1 or self.strata < 1 or self.warmup_steps < 0:
-            raise ValueError("smooth_steps and strata must be >= 1, warmup_steps >= 0")
+        if not self.windows_s:
+            raise ValueError(f"monitor config windows_s: give at least one window (whole seconds), got {self.windows_s}")
+        check_ranges(self, "monitor config", MONITOR_RANGES)
+
+
+#: the numbers DriveConfig's numeric fields may take (None, where a field allows it, is always allowed);
+#: ``gas_caution`` also goes with ``pedal_caution`` (:func:`gas_caution_fits`)
+DRIVE_RANGES = {"max_steps": AT_LEAST_ONE, "samples": AT_LEAST_ONE, "throttle_cap": NON_NEGATIVE, "pedal_caution": NON_NEGATIVE,
+                "gas_caution": NON_NEGATIVE, "monitor_smooth": AT_LEAST_ONE, "monitor_warmup": NON_NEGATIVE,
+                "fallback_steps": AT_LEAST_ONE, "fallback_speed": NON_NEGATIVE, "fallback_release": Range(0, 1, low_open=True)}
 
 
 @dataclass(frozen=True)
@@ -117,17 +130,10 @@ class DriveConfig:
     corruption_modules: tuple[str, ...] = ()  # imported by the command and its workers, never on reading a saved config
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ValueError(f"drive config max_steps must be >= 1, got {self.max_steps}")
-        if self.samples is not None and self.samples < 1:
-            raise ValueError(f"drive config samples must be >= 1 or None, got {self.samples}")
-        if self.throttle_cap is not None and not self.throttle_cap >= 0:
-            raise ValueError(f"drive config throttle_cap must be >= 0 or None, got {self.throttle_cap}")
-        if self.pedal_caution is not None and not self.pedal_caution >= 0:
-            raise ValueError(f"drive config pedal_caution must be >= 0 or None, got {self.pedal_caution}")
         if not gas_caution_fits(self.pedal_caution, self.gas_caution):
             raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
                              f"with pedal_caution {self.pedal_caution}")
+        check_ranges(self, "drive config", DRIVE_RANGES)
         if not is_torch_device(self.device):
             raise ValueError(f"drive config device: expected a torch device such as cpu or cuda, got {self.device!r}")
         if self.renderer not in RENDERERS:
@@ -141,10 +147,6 @@ class DriveConfig:
         if self.fallback != "none" and self.monitor_score is None:
             raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
         object.__setattr__(self, "corruption_modules", tuple(self.corruption_modules))
-        if not 0 < self.fallback_release <= 1:
-            raise ValueError(f"drive config fallback_release must be in (0, 1], got {self.fallback_release}")
-        if self.monitor_smooth < 1 or self.monitor_warmup < 0 or self.fallback_steps < 1 or not self.fallback_speed >= 0:
-            raise ValueError("drive config monitor_smooth and fallback_steps must be >= 1, monitor_warmup and fallback_speed >= 0")
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,17 @@ def _distinct(name: str, values: Sequence[Any]) -> None:
         raise ValueError(f"evaluation config {name}: listed twice: {', '.join(repeated)}")
 
 
+#: the numbers EvalConfig's numeric fields may take
+EVAL_RANGES = dict.fromkeys(("repeats", "trials", "batch", "workers"), AT_LEAST_ONE)
+#: ``nsacdrive eval``'s ``--workers``: the command uses a worker per core of a 2-core machine, where
+#: EvalConfig's default (1) keeps a library call from starting any process
+COMMAND_LINE_WORKERS = 2
+#: ``nsacdrive eval``'s ``--inference``: the command places the controller by core count
+#: (:func:`resolve_inference`), where EvalConfig's default (``inline``) keeps a library call from
+#: starting any process
+COMMAND_LINE_INFERENCE = "auto"
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """A closed-loop evaluation: which episodes, how each is driven, and where they run.
@@ -209,14 +222,16 @@ class EvalConfig:
     :param batch: episodes driven in lockstep per controller call (:func:`~nsacdrive.eval.closed_loop.batch_groups`); part of the
         evaluation's identity like the seeds (a group's rows share one network call, whose float
         rounding may depend on the batch), so it is recorded and re-drives rebuild the same groups
-    :param workers: parallel tasks
+    :param workers: parallel tasks (1, so a library call starts no process; ``nsacdrive eval``
+        defaults to :data:`COMMAND_LINE_WORKERS`)
     :param backend: where tasks run (``nsacdrive.common.backends.run_tasks``: local processes or a
         Ray cluster); every backend gives the same episodes
     :param address: the Ray cluster to join (``backend="ray"`` only)
     :param inference: where the controller runs (:func:`resolve_inference`): ``inline`` in each
         worker's env loop, or ``process``, its own process beside each worker's, which drives two
         lockstep groups double-buffered (:func:`~nsacdrive.eval.closed_loop.run_pipelined`); both give the same episodes; or
-        ``auto``, resolved once, on construction, into ``resolved_inference``
+        ``auto``, resolved once, on construction, into ``resolved_inference``; ``inline`` by default, so a
+        library call starts no process (``nsacdrive eval`` defaults to :data:`COMMAND_LINE_INFERENCE`)
     """
 
     runs: tuple[str, ...]
@@ -254,9 +269,7 @@ class EvalConfig:
         _distinct("corruptions", self.corruptions)
         for corruption in self.corruptions:
             corruption_of(corruption)  # a ValueError naming it, now rather than in a worker
-        for name in ("repeats", "trials", "batch", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"evaluation config {name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, "evaluation config", EVAL_RANGES)
         if self.backend not in BACKENDS:
             raise ValueError(f"evaluation config backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.address is not None and self.backend != "ray":
@@ -267,6 +280,12 @@ class EvalConfig:
         """Every episode, in the order lockstep groups are cut from (:func:`~nsacdrive.eval.closed_loop.batch_groups`)."""
         return [EpisodeKey(run, preset, seed, repeat, corruption) for run in self.runs for preset in self.colour_presets
                 for corruption in self.corruptions for seed in self.seeds for repeat in range(self.repeats * self.trials)]
+
+
+#: the numbers DaggerConfig's numeric fields may take (``lr`` None: the init run's)
+DAGGER_RANGES = {**dict.fromkeys(("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"),
+                                 AT_LEAST_ONE),
+                 "lr": POSITIVE, "beta0": UNIT_INTERVAL, "beta_decay": UNIT_INTERVAL}
 
 
 @dataclass(frozen=True)
@@ -294,13 +313,7 @@ class DaggerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "colour_presets", tuple(self.colour_presets))
         object.__setattr__(self, "eval_colour_presets", tuple(self.eval_colour_presets))
-        for name in ("rounds", "episodes_per_round", "epochs_per_round", "max_steps", "eval_max_steps", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"DAgger config {name} must be >= 1, got {getattr(self, name)}")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"DAgger config lr must be > 0, got {self.lr}")
-        if not (0.0 <= self.beta0 <= 1.0 and 0.0 <= self.beta_decay <= 1.0):
-            raise ValueError(f"DAgger config beta0 and beta_decay must lie in [0, 1], got {self.beta0} and {self.beta_decay}")
+        check_ranges(self, "DAgger config", DAGGER_RANGES)
 
     def beta(self, round_index: int) -> float:
         """β_k of round k ≥ 1 (the probability that the expert drives a step)."""

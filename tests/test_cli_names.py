@@ -49,7 +49,14 @@ def test_the_recommended_monitor_settings_are_the_defaults():
 
 def test_the_defaults_of_eval_monitor_and_dagger_are_their_configs():
     from nsacdrive.envs.car_racing import FPS
-    from nsacdrive.eval.configs import DaggerConfig, DriveConfig, EvalConfig, MonitorConfig
+    from nsacdrive.eval.configs import (
+        COMMAND_LINE_INFERENCE,
+        COMMAND_LINE_WORKERS,
+        DaggerConfig,
+        DriveConfig,
+        EvalConfig,
+        MonitorConfig,
+    )
 
     drive, evaluation = DriveConfig(), EvalConfig(runs=("run",), seeds=(1,))
     monitor, dagger = MonitorConfig(), DaggerConfig(init="run")
@@ -59,9 +66,12 @@ def test_the_defaults_of_eval_monitor_and_dagger_are_their_configs():
                 ("monitor", "--false-alarm-rate"): monitor.false_alarm_rate, ("monitor", "--windows"): ",".join(map(str, monitor.windows_s)),
                 ("monitor", "--smooth"): monitor.smooth_steps, ("dagger", "--rounds"): dagger.rounds, ("dagger", "--beta0"): dagger.beta0,
                 ("dagger", "--beta-decay"): dagger.beta_decay, ("dagger", "--epochs-per-round"): dagger.epochs_per_round,
-                ("dagger", "--max-steps"): dagger.max_steps}
+                ("dagger", "--max-steps"): dagger.max_steps,
+                # the command's own defaults (a worker per core, the controller placed by core count), named beside EvalConfig
+                ("eval", "--workers"): COMMAND_LINE_WORKERS, ("eval", "--inference"): COMMAND_LINE_INFERENCE}
     assert {key: options_of(key[0])[key[1]].default for key in expected} == expected
     assert round(options_of("eval")["--fallback-seconds"].default * FPS) == drive.fallback_steps  # the CLI's seconds → steps
+    assert (evaluation.workers, evaluation.inference) == (1, "inline")  # a library call starts no process
 
 
 def test_evals_terminal_table_fits_100_columns_and_shows_laps_beside_off_road_events():
