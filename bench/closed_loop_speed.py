@@ -46,7 +46,6 @@ import torch
 from bench.common import NSACDRIVE, print_table, recipe, replay_rate, timed_calls
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
-from nsacdrive.cli import WORKER_TASKS_MODULE
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.workers import start_worker_server
@@ -68,6 +67,7 @@ from nsacdrive.eval.closed_loop import (
 )
 from nsacdrive.eval.driver import ControllerAgent, ControllerPolicy
 from nsacdrive.eval.inference import InferenceProcess
+from nsacdrive.run_loading import WORKER_TASKS_MODULE
 
 ROOT = Path(__file__).resolve().parents[1]
 

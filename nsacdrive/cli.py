@@ -30,7 +30,14 @@ from nsacdrive.data_collection.recorder import ENVS, LAYOUTS, CollectConfig, Noi
 from nsacdrive.envs.car_racing import FPS, RENDERERS
 from nsacdrive.envs.colours import list_presets
 from nsacdrive.errors import REFUSALS, Refusal, concerning, reason
-from nsacdrive.eval.configs import DaggerConfig, DriveConfig, EvalConfig, MonitorConfig
+from nsacdrive.eval.configs import (
+    COMMAND_LINE_INFERENCE,
+    COMMAND_LINE_WORKERS,
+    DaggerConfig,
+    DriveConfig,
+    EvalConfig,
+    MonitorConfig,
+)
 from nsacdrive.eval.modes import (
     DEFAULT_MONITOR_SCORE,
     DENSITY_SAMPLES,
@@ -40,15 +47,14 @@ from nsacdrive.eval.modes import (
 )
 from nsacdrive.options import choice, config_default, old_spelling, renamed, split_names
 from nsacdrive.outputs import check_output_file, check_output_folder
+from nsacdrive.protocol_cli import protocol
+from nsacdrive.run_loading import WORKER_TASKS_MODULE
+from nsacdrive.run_loading import load_runs as _load_runs
 from nsacdrive.udacity_cli import udacity_app
 
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no ALSA noise on headless machines
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
-#: what the workers of `eval` and `dagger` run: it imports the closed-loop evaluation's and the recorder's
-#: tasks (torch, the envs, the controllers); their fork server imports it before the command's own
-#: imports are done (nsacdrive.common.workers)
-WORKER_TASKS_MODULE = "nsacdrive.eval.dagger"
 
 Model = choice("Model", MODEL_NAMES)
 Renderer = choice("Renderer", RENDERERS)
@@ -106,6 +112,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(expert_app, name="expert")
 app.add_typer(env_app, name="env")
 app.add_typer(udacity_app, name="udacity")
+app.command("protocol")(protocol)
 
 
 def _seeds(text: str, argument: str = "--seeds") -> list[int]:
@@ -158,30 +165,6 @@ def _check_device(device: str) -> None:
     from nsacdrive.controllers.run import usable_device
 
     usable_device(device)
-
-
-def _load_runs(runs: list[Path], uncalibrated: bool = False, announce: bool = True) -> dict[Path, tuple[Any, Any]]:
-    """Load every run (config and weights, checked against the architecture) before any driving or
-    computing: a mistyped, incomplete or corrupt run folder is an error now, not a failed row in a
-    summary later. Says which runs' predictions are recalibrated (``RUN/calibration.json``; never
-    when ``uncalibrated``) unless not ``announce`` (callers that load raw and apply it themselves). Returns
-    run → (controller, training config), for work done in this process."""
-    from nsacdrive.controllers.calibration import CALIBRATION_FILE
-    from nsacdrive.controllers.run import load_run
-
-    loaded = {}
-    for run in runs:
-        with concerning(f"cannot load run {run}"):
-            loaded[run] = load_run(run, raw=uncalibrated)
-        calibration = loaded[run][0].calibration
-        if not announce:
-            continue
-        if calibration is not None:
-            typer.echo(f"{run}: applying {CALIBRATION_FILE} ({calibration.method}, fitted on validation tracks "
-                       f"{','.join(map(str, calibration.val_seeds))}; --uncalibrated ignores it)")
-        elif uncalibrated and (run / CALIBRATION_FILE).exists():
-            typer.echo(f"{run}: --uncalibrated: {CALIBRATION_FILE} ignored")
-    return loaded
 
 
 @app.command()
@@ -556,9 +539,9 @@ def closed_loop_eval(
     trials: int = typer.Option(config_default(EvalConfig, "trials"), "--trials", min=1, help="Episodes per (seed, preset) in each run, each with its own controller RNG seed."),
     renderer: Renderer = typer.Option(config_default(DriveConfig, "renderer"), "--renderer", help="How frames are drawn: fast or stock (gymnasium's code)."),
     max_steps: int = typer.Option(config_default(DriveConfig, "max_steps"), "--max-steps", min=1, help="Episode horizon (1000 = CarRacing standard)."),
-    workers: int = typer.Option(2, "--workers", min=1),
+    workers: int = typer.Option(COMMAND_LINE_WORKERS, "--workers", min=1),
     batch: int = typer.Option(config_default(EvalConfig, "batch"), "--batch", min=1, help="Episodes driven in lockstep per controller call (one network call per step for all)."),
-    inference: Inference = typer.Option("auto", "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
+    inference: Inference = typer.Option(COMMAND_LINE_INFERENCE, "--inference", help="Where the controller runs: inline (in each worker's env loop), process (its own process, double-buffered with a second lockstep group; same episodes), or auto (process when cores >= 2 x workers)."),
     samples: Optional[int] = typer.Option(config_default(DriveConfig, "samples"), "--samples", min=1, help="Draws per prediction (default: the model's own)."),
     throttle_cap: Optional[float] = typer.Option(config_default(DriveConfig, "throttle_cap"), "--throttle-cap", min=0.0, help="Scale gas by min(1, CAP / predictive steering std)."),
     pedal_caution: Optional[float] = typer.Option(config_default(DriveConfig, "pedal_caution"), "--pedal-caution", min=0.0, help="Execute gas − K·σ_gas and brake + K·σ_brake (predictive stds): brake where unsure."),

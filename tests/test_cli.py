@@ -567,9 +567,9 @@ def test_commands_that_fork_workers_start_their_server_first(command, options, s
 
 
 def test_the_servers_module_holds_the_closed_loop_and_dagger_workers_tasks():
-    from nsacdrive.cli import WORKER_TASKS_MODULE
     from nsacdrive.data_collection.recorder import record_episode
     from nsacdrive.eval.closed_loop import _groups_worker
+    from nsacdrive.run_loading import WORKER_TASKS_MODULE
 
     code = (f"import sys, {WORKER_TASKS_MODULE}; "
             f"print(*(name in sys.modules for name in ({_groups_worker.__module__!r}, {record_episode.__module__!r}, 'torch')))")

@@ -1,0 +1,75 @@
+"""``nsacdrive protocol``: the safety layer judged on shift families and tracks it was not fitted on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nsacdrive.common.folder_lock import folder_lock
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.eval.configs import COMMAND_LINE_WORKERS, MonitorConfig
+from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig, ProtocolTracks
+from nsacdrive.options import config_default, split_names
+from nsacdrive.outputs import check_output_folder
+from nsacdrive.run_loading import WORKER_TASKS_MODULE, load_runs
+
+PROTOCOL_FILE = "protocol.json"
+
+
+def _seeds(text: str, flag: str) -> list[int]:
+    try:
+        return parse_seeds(text, flag)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
+def protocol(
+    run: Path = typer.Argument(..., help="A run folder from `nsacdrive train` (calibrated by `nsacdrive calibrate` for the density score)."),
+    out: Path = typer.Option(Path("runs/protocol"), "--out", help="Folder for the evaluations (fit/, check/, train-*/, test-*/), protocol.json and protocol.md."),
+    train_seeds: str = typer.Option("0-7", "--train-seeds", help="Tracks the controller trained on: the failure predictor and the monitor's selection learn from their logs."),
+    fit_seeds: str = typer.Option("1010-1020", "--fit-seeds", help="Held-out tracks whose clean laps set the thresholds."),
+    check_seeds: str = typer.Option("1021-1031", "--check-seeds", help="Held-out tracks whose clean laps check the false-alarm rate a second time."),
+    test_seeds: str = typer.Option("42,1000-1009", "--test-seeds", help="Held-out tracks that are judged."),
+    development: str = typer.Option(",".join(DEVELOPMENT_FAMILIES), "--development", help="Shift families every choice is made on: corruption families and colour presets."),
+    test: str = typer.Option(",".join(TEST_FAMILIES), "--test", help="Shift families kept out of every choice (judged once by the fixed split)."),
+    severities: str = typer.Option(",".join(map(str, config_default(ProtocolConfig, "severities"))), "--severities", help="Severities each corruption family is driven at."),
+    false_alarm_rate: float = typer.Option(config_default(MonitorConfig, "false_alarm_rate"), "--false-alarm-rate", min=0.0001, max=0.5, help="The conformal thresholds' target rate of alarming nominal 1 s windows."),
+    confidence: float = typer.Option(config_default(MonitorConfig, "confidence"), "--confidence", min=0.5, max=0.9999, help="The probability with which the target rate holds on new nominal windows."),
+    batch: int = typer.Option(11, "--batch", min=1, help="Episodes driven in lockstep per controller call."),
+    workers: int = typer.Option(COMMAND_LINE_WORKERS, "--workers", min=1, help="Worker processes."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the episodes already driven in --out."),
+) -> None:
+    """Monitors judged family by family: leave-one-family-out, a fixed development/test split, and the
+    conformal false-alarm rate on tracks it was not fitted on."""
+    check_output_folder(out)
+    seeds = {name: tuple(_seeds(text, f"--{name}-seeds")) for name, text in
+             (("train", train_seeds), ("fit", fit_seeds), ("check", check_seeds), ("test", test_seeds))}
+    try:
+        tracks = ProtocolTracks(**seeds)
+        config = ProtocolConfig(development=tuple(split_names(development)), test=tuple(split_names(test)),
+                                severities=tuple(int(s) for s in split_names(severities)),
+                                monitor=MonitorConfig(threshold="conformal", false_alarm_rate=false_alarm_rate, confidence=confidence))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    load_runs([run])  # a folder that is no run is refused before anything is driven
+    if workers > 1:
+        from nsacdrive.common.workers import start_worker_server
+
+        start_worker_server(WORKER_TASKS_MODULE)
+    from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, json_safe
+    from nsacdrive.common.versions import write_versions
+    from nsacdrive.eval.safety_protocol import drive_protocol, judge_protocol, to_terminal
+
+    with folder_lock(out, "nsacdrive protocol"):
+        data = drive_protocol(str(run), tracks, config, out, resume=resume, batch=batch, workers=workers)
+        typer.echo(f"judging {sum(map(len, data.test.values()))} test-track and {sum(map(len, data.train.values()))} "
+                   f"training-track episodes, {len(config.families)} folds …")
+        result = {"run": str(run), "tracks": {name: list(values) for name, values in seeds.items()},
+                  **judge_protocol(data, config)}
+        table = to_terminal(result)
+        atomic_write_json(out / PROTOCOL_FILE, json_safe(result))
+        atomic_write_bytes(out / "protocol.md", (table + "\n").encode())
+        write_versions(out)
+    typer.echo(table)
+    typer.echo(f"every score, window and fold → {out}/{PROTOCOL_FILE}")
