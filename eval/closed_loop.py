@@ -64,6 +64,7 @@ from nsacdrive.eval.configs import (  # torch-free there: the command line reads
 )
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, LiveMonitor
+from nsacdrive.eval.predictor_features import LivePredictor
 
 OFF_ROAD_PENALTY = 0.8
 PLAYFIELD_PENALTY = 0.5
@@ -129,6 +130,15 @@ OPTIONAL_LOG_FIELDS = {"density": math.nan, "monitor_score": math.nan, "fallback
 def episode_generator(key: EpisodeKey) -> torch.Generator:
     """The controller's random stream of one episode, seeded from (track seed, repeat) only."""
     return torch.Generator().manual_seed(derive_seed(key.track_seed, key.repeat))
+
+
+def live_monitor(drive: DriveConfig) -> LiveMonitor | LivePredictor | None:
+    """What watches an episode: the learned failure predictor, one smoothed score, or nothing."""
+    if drive.monitor_score is None:
+        return None
+    if drive.monitor_predictor is not None:
+        return LivePredictor(drive.monitor_predictor, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
+    return LiveMonitor(drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -206,8 +216,7 @@ class EpisodeDrive:
         self.env: Any = None
         self.corrupt = corruption_of(key.corruption)
         self.drive = drive
-        self.monitor = None if drive.monitor_score is None else LiveMonitor(
-            drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
+        self.monitor = live_monitor(drive)
         self.safe_stop = False  # ``--fallback stop`` brought the car to a standstill on the road
         threshold = drive.monitor_threshold or 0.0
         self.hand_back = HandBack(drive.fallback_steps, threshold - (1.0 - drive.fallback_release) * abs(threshold),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +27,7 @@ from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
 from nsacdrive.eval.misbehaviour import EventConfig
 from nsacdrive.eval.modes import DEFAULT_THRESHOLD, FALLBACKS, INFERENCE_MODES, MONITOR_THRESHOLDS
 from nsacdrive.eval.monitor_scores import SCORES
+from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, FailurePredictor
 
 #: The device types ``torch.device`` takes, as torch lists them (a test compares the two), so a
 #: device name is checked without importing torch.
@@ -99,7 +100,9 @@ class DriveConfig:
     :param raw: ignore each run's ``calibration.json`` (by default its predictions are recalibrated)
     :param monitor_score: a score of :data:`nsacdrive.eval.monitor_scores.SCORES` computed every step,
         smoothed over ``monitor_smooth`` steps, alarming above ``monitor_threshold`` after
-        ``monitor_warmup`` steps (``nsacdrive monitor`` fits them); None: no monitor
+        ``monitor_warmup`` steps (``nsacdrive monitor`` fits them), or ``failure_predictor``, the log-odds of
+        the learned failure predictor whose weights ``monitor_predictor`` holds (``nsacdrive protocol``
+        fits it); None: no monitor
     :param fallback: what an alarm does (:data:`nsacdrive.eval.modes.FALLBACKS`): ``none`` (logged
         only), ``slow`` (no gas above ``fallback_speed``, with a light brake) or ``expert`` (the
         privileged expert drives: an intervention, an upper bound no real car has), each for
@@ -126,6 +129,7 @@ class DriveConfig:
     fallback_steps: int = FPS // 10  # 0.1 s: met the fallback target on 3 seeds where 1 s over-intervened on nominal laps
     fallback_speed: float = 30.0
     fallback_release: float = 1.0  # hand back only after the score stayed at or below this share of the threshold (hysteresis)
+    monitor_predictor: FailurePredictor | None = None  # the weights of monitor_score "failure_predictor"
     device: str = "cpu"
     corruption_modules: tuple[str, ...] = ()  # imported by the command and its workers, never on reading a saved config
 
@@ -140,8 +144,13 @@ class DriveConfig:
             raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
         if (self.monitor_score is None) != (self.monitor_threshold is None):
             raise ValueError("drive config monitor_score and monitor_threshold go together")
-        if self.monitor_score is not None and self.monitor_score not in SCORES:
-            raise ValueError(f"drive config monitor_score: expected one of {', '.join(SCORES)}, got {self.monitor_score!r}")
+        if isinstance(self.monitor_predictor, Mapping):  # as a saved config holds it
+            object.__setattr__(self, "monitor_predictor", FailurePredictor.from_json(self.monitor_predictor, "drive config monitor_predictor"))
+        if self.monitor_score is not None and self.monitor_score not in (*SCORES, PREDICTOR_SCORE):
+            raise ValueError(f"drive config monitor_score: expected one of {', '.join((*SCORES, PREDICTOR_SCORE))}, "
+                             f"got {self.monitor_score!r}")
+        if (self.monitor_score == PREDICTOR_SCORE) != (self.monitor_predictor is not None):
+            raise ValueError(f"drive config monitor_predictor goes with monitor_score {PREDICTOR_SCORE!r}, and only with it")
         if self.fallback not in FALLBACKS:
             raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
         if self.fallback != "none" and self.monitor_score is None:

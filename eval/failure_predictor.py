@@ -18,49 +18,13 @@ Every feature is causal (trailing windows only), so a car can compute it step by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.eval.monitor import EpisodeScores, pre_failure_window
+from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, PRIVILEGED_SCORES, FailurePredictor, score_features
 from nsacdrive.eval.protocol_config import PredictorConfig
-
-#: scores a car cannot compute: the curvature baseline reads the privileged map
-PRIVILEGED_SCORES = ("curvature",)
-#: the name the predictor's output goes by among an episode's scores
-PREDICTOR_SCORE = "failure_predictor"
-#: trailing windows of the features, in steps
-SHORT, LONG = FPS, 3 * FPS
-FEATURES = ("value", "mean_1s", "mean_3s", "max_1s", "std_1s", "trend_1s")
-
-
-def _trailing(values: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing mean and std over the last ``steps`` steps (fewer at the start)."""
-    padded = np.concatenate([[0.0], values])
-    total, squares = np.cumsum(padded), np.cumsum(padded ** 2)
-    index = np.arange(1, len(values) + 1)
-    start = np.maximum(index - steps, 0)
-    count = index - start
-    mean = (total[index] - total[start]) / count
-    variance = np.maximum((squares[index] - squares[start]) / count - mean ** 2, 0.0)
-    return mean, np.sqrt(variance)
-
-
-def _trailing_max(values: np.ndarray, steps: int) -> np.ndarray:
-    """Maximum over the last ``steps`` steps (fewer at the start)."""
-    padded = np.concatenate([np.full(steps - 1, -np.inf), values])
-    return np.lib.stride_tricks.sliding_window_view(padded, steps).max(1)
-
-
-def score_features(values: np.ndarray) -> np.ndarray:
-    """[N, len(FEATURES)] causal features of one score's per-step values."""
-    values = np.asarray(values, dtype=np.float64)
-    mean_short, std_short = _trailing(values, SHORT)
-    mean_long, _ = _trailing(values, LONG)
-    half, _ = _trailing(values, SHORT // 2)
-    earlier = np.concatenate([np.full(SHORT // 2, values[0]), half[: -(SHORT // 2)]]) if len(values) > SHORT // 2 else half
-    return np.stack([values, mean_short, mean_long, _trailing_max(values, SHORT), std_short, half - earlier], axis=1)
 
 
 def episode_features(episode: EpisodeScores, scores: Sequence[str]) -> np.ndarray:
@@ -84,27 +48,9 @@ def predictor_inputs(episodes: Sequence[EpisodeScores]) -> list[str]:
     return [n for n in names if n not in PRIVILEGED_SCORES and n != PREDICTOR_SCORE]
 
 
-@dataclass(frozen=True)
-class FailurePredictor:
-    """A fitted logistic regression over :func:`episode_features` of ``scores``: the log-odds of a failure
-    within ``horizon_s``. Features are centred and scaled by the training data's median and
-    interquartile range and clipped to ±``clip`` (a score far outside everything seen counts as far, not infinitely far)."""
-
-    scores: tuple[str, ...]
-    centre: np.ndarray
-    scale: np.ndarray
-    weights: np.ndarray
-    bias: float
-    horizon_s: float
-    clip: float = 10.0
-
-    def log_odds(self, features: np.ndarray) -> np.ndarray:
-        standard = np.clip((features - self.centre) / self.scale, -self.clip, self.clip)
-        return standard @ self.weights + self.bias
-
-    def score(self, episode: EpisodeScores) -> np.ndarray:
-        """[N] the predictor's log-odds at every step of one episode."""
-        return self.log_odds(episode_features(episode, self.scores))
+def predictor_score(predictor: FailurePredictor, episode: EpisodeScores) -> np.ndarray:
+    """[N] the predictor's log-odds at every step of one episode."""
+    return predictor.log_odds(episode_features(episode, predictor.scores))
 
 
 def fit_predictor(episodes: Sequence[EpisodeScores], config: PredictorConfig = PredictorConfig()) -> FailurePredictor:
@@ -129,8 +75,7 @@ def fit_predictor(episodes: Sequence[EpisodeScores], config: PredictorConfig = P
     centre = np.median(x, axis=0)
     spread = np.subtract(*np.percentile(x, [75, 25], axis=0))
     scale = np.where(spread > 0, spread, np.where(x.std(0) > 0, x.std(0), 1.0))
-    unfitted = FailurePredictor(tuple(scores), centre, scale, np.zeros(x.shape[1]), 0.0, config.horizon_s)
-    standard = np.clip((x - centre) / scale, -unfitted.clip, unfitted.clip)
+    standard = np.clip((x - centre) / scale, -FailurePredictor.clip, FailurePredictor.clip)
     signs = 2 * y - 1
 
     def loss(parameters: np.ndarray) -> tuple[float, np.ndarray]:
@@ -141,11 +86,11 @@ def fit_predictor(episodes: Sequence[EpisodeScores], config: PredictorConfig = P
         return value, np.concatenate([standard.T @ slope + config.l2 * w, [slope.sum()]])
 
     solution = minimize(loss, np.zeros(x.shape[1] + 1), jac=True, method="L-BFGS-B")
-    return FailurePredictor(tuple(scores), centre, scale, solution.x[:-1], float(solution.x[-1]), config.horizon_s)
+    return FailurePredictor(tuple(scores), tuple(centre), tuple(scale), tuple(solution.x[:-1]), float(solution.x[-1]), config.horizon_s)
 
 
 def with_predictor(episodes: Sequence[EpisodeScores], predictor: FailurePredictor) -> list[EpisodeScores]:
     """Copies of ``episodes`` whose scores include the predictor's (:data:`PREDICTOR_SCORE`)."""
     from dataclasses import replace
 
-    return [replace(e, scores={**e.scores, PREDICTOR_SCORE: predictor.score(e)}) for e in episodes]
+    return [replace(e, scores={**e.scores, PREDICTOR_SCORE: predictor_score(predictor, e)}) for e in episodes]

@@ -112,9 +112,8 @@ def judge_fold(data: ProtocolData, held_out: Sequence[str], config: ProtocolConf
         families[family] = {"episodes": len(episodes) - len(nominal),
                             "failures": sum(len(e.events) for e in episodes[: len(episodes) - len(nominal)]),
                             "scores": {name: _judge(episodes, name, thresholds[name], config.monitor) for name in names}}
-    return {"development": development, "selected": selected, "selection_f3": selection,
-            "predictor": {"scores": list(predictor.scores), "weights": predictor.weights.tolist(), "bias": predictor.bias},
-            "families": families}
+    return {"development": development, "selected": selected, "selection_f3": selection, "thresholds": thresholds,
+            "predictor": asdict(predictor), "families": families}
 
 
 def false_alarm_check(data: ProtocolData, config: ProtocolConfig) -> dict[str, Any]:

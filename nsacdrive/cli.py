@@ -551,7 +551,7 @@ def closed_loop_eval(
     device: str = typer.Option(config_default(DriveConfig, "device"), "--device", help="Where the controller runs: cpu, cuda, cuda:N (draws stay on each episode's CPU stream)."),
     corruption_module: Optional[list[str]] = typer.Option(None, "--corruption-module", help="A module (dotted name or .py file) whose import registers corruption families (register_corruption); every worker imports it too. Repeatable."),
     corruption: str = typer.Option(",".join(config_default(EvalConfig, "corruptions")), "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
-    monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor --out` folder: watch --monitor-score every step with its fitted threshold and smoothing."),
+    monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor` or `nsacdrive protocol` folder: watch --monitor-score every step with its fitted threshold and smoothing (a protocol folder also offers failure_predictor, the learned failure predictor)."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
     fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), stop (brake to a standstill on the road while the controller steers: a safe stop, not a lap; nothing privileged), or expert (the privileged expert drives: an upper bound, an intervention)."),
     fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the score must stay clear (see --fallback-release) before the fallback hands the car back."),
@@ -578,7 +578,9 @@ def closed_loop_eval(
     loaded = _load_runs(runs, uncalibrated=uncalibrated)  # the workers load their own copies (other processes, or one per lockstep group)
     monitoring = _monitor_settings(monitor_dir, monitor_score) if monitor_dir is not None else {}
     if monitor_dir is not None:
-        _check_monitor_inputs(loaded, monitor_score)
+        predictor = monitoring.get("monitor_predictor")
+        for name in predictor.scores if predictor is not None else (monitor_score,):  # the predictor reads the density too
+            _check_monitor_inputs(loaded, name)
     if fallback != "none" and monitor_dir is None:
         raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
     if corruption_module:  # the user's own modules, named on this command line (a saved config never imports them)
@@ -635,18 +637,28 @@ def _check_monitor_inputs(loaded: dict[Path, tuple[Any, Any]], score: str) -> No
 
 
 def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:
-    """DriveConfig's monitor fields from a ``nsacdrive monitor`` folder: the score's threshold, the smoothing, the warm-up."""
-    path = monitor_dir / "monitor.json"
+    """DriveConfig's monitor fields from a ``nsacdrive monitor`` folder (the score's threshold, the
+    smoothing, the warm-up) or a ``nsacdrive protocol`` folder (its development-family fit: every
+    score's conformal threshold, and the failure predictor's weights)."""
+    from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, FailurePredictor
+    from nsacdrive.protocol_cli import PROTOCOL_FILE
+
+    protocol = (monitor_dir / PROTOCOL_FILE).exists() and not (monitor_dir / "monitor.json").exists()
+    path = monitor_dir / (PROTOCOL_FILE if protocol else "monitor.json")
     try:
         saved = json.loads(path.read_text())
-        entry = saved["scores"].get(score)
-        if entry is None:
-            raise typer.BadParameter(f"{path} has no score {score!r}; it has {', '.join(saved['scores'])}: pass one as "
+        config = saved["config"]["monitor"] if protocol else saved["config"]
+        thresholds = saved["split"]["thresholds"] if protocol else {name: entry["threshold"] for name, entry in saved["scores"].items()}
+        if score not in thresholds:
+            raise typer.BadParameter(f"{path} has no score {score!r}; it has {', '.join(thresholds)}: pass one as "
                                      f"--monitor-score{_DENSITY_ADVICE if score == 'density' else ''}", param_hint="--monitor-score")
-        return {"monitor_score": score, "monitor_threshold": float(entry["threshold"]),
-                "monitor_smooth": int(saved["config"]["smooth_steps"]), "monitor_warmup": int(saved["config"]["warmup_steps"])}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise typer.BadParameter(f"{path}: not a `nsacdrive monitor` result ({exc})", param_hint="--monitor") from None
+        settings = {"monitor_score": score, "monitor_threshold": float(thresholds[score]),
+                    "monitor_smooth": int(config["smooth_steps"]), "monitor_warmup": int(config["warmup_steps"])}
+        if score == PREDICTOR_SCORE:
+            settings["monitor_predictor"] = FailurePredictor.from_json(saved["split"]["predictor"], f"{path}: split.predictor")
+        return settings
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise typer.BadParameter(f"{path}: not a `nsacdrive monitor` or `nsacdrive protocol` result ({exc})", param_hint="--monitor") from None
 
 
 @app.command("episodes")

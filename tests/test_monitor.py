@@ -306,3 +306,82 @@ def test_stop_brakes_to_a_standstill_on_the_road_while_the_controller_steers(run
     assert record.off_road_events == 0 and log["speed"][-1] < 2 * STOP_SPEED
     row, = aggregate([{**record.__dict__, "driving_score": record.driving_score, "episode_id": "x"}])
     assert row["safe_stops"] == 1 and row["laps"] == 0
+
+
+# --------------------------------------------------------------------------- the learned failure predictor in the loop
+
+
+def _predictor(scores=("steer_std", "speed"), bias=-3.0):
+    from nsacdrive.eval.predictor_features import FEATURES, FailurePredictor
+
+    width = len(scores) * len(FEATURES)
+    rng = np.random.default_rng(7)
+    return FailurePredictor(scores, centre=tuple(rng.normal(0, 1, width)), scale=tuple(rng.uniform(0.5, 2.0, width)),
+                            weights=tuple(rng.normal(0, 1, width)), bias=bias, horizon_s=3.0)
+
+
+def test_the_live_predictor_logs_what_the_offline_judge_computes(run):
+    """Driven in the loop, the predictor's log-odds at every step equal the offline judge's on the saved log,
+    up to the float32 rounding of the logged inputs."""
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+    from nsacdrive.eval.failure_predictor import episode_features, predictor_score
+    from nsacdrive.eval.monitor import EpisodeScores
+    from nsacdrive.eval.monitor_scores import SCORES, smooth
+
+    predictor = _predictor()
+    drive = DriveConfig(max_steps=220, monitor_score="failure_predictor", monitor_threshold=1e9, monitor_predictor=predictor)
+    _, log = run_episode(EpisodeKey(str(run), "default", 5, 0), drive)
+    scores = {name: smooth(np.asarray(SCORES[name][2](log), dtype=np.float64), drive.monitor_smooth) for name in predictor.scores}
+    steps = len(log["speed"])
+    episode = EpisodeScores("x", True, [], scores, np.zeros(steps), np.ones(steps, bool), drive.monitor_warmup)
+    offline = predictor_score(predictor, episode)
+    features = episode_features(episode, predictor.scores)
+    eps32 = np.finfo(np.float32).eps
+    # each feature carries the inputs' float32 rounding; the logged log-odds is rounded to float32 once more
+    bound = 16 * eps32 * (np.abs(features) + 1) / np.asarray(predictor.scale) @ np.abs(predictor.weights) + eps32 * np.abs(offline)
+    assert steps > 200 and np.all(np.abs(log["monitor_score"] - offline) <= bound)
+
+
+def test_a_drive_config_keeps_its_predictor_through_json():
+    from nsacdrive.common.resume import plain
+    from nsacdrive.eval.closed_loop import DriveConfig
+
+    drive = DriveConfig(monitor_score="failure_predictor", monitor_threshold=0.5, monitor_predictor=_predictor())
+    assert DriveConfig(**plain(drive)) == drive
+    with pytest.raises(ValueError, match="goes with monitor_score 'failure_predictor'"):
+        DriveConfig(monitor_score="steer_std", monitor_threshold=0.5, monitor_predictor=_predictor())
+    with pytest.raises(ValueError, match="goes with monitor_score 'failure_predictor'"):
+        DriveConfig(monitor_score="failure_predictor", monitor_threshold=0.5)
+    saved = plain(_predictor())
+    for field, value, message in (("weights", saved["weights"][:-1], "weights: expected 12 finite numbers"),
+                                  ("bias", float("nan"), "bias: expected a finite number"),
+                                  ("scores", ["curvature", "speed"], "non-privileged"),
+                                  ("scale", [0.0] * 12, "scale must be > 0")):
+        with pytest.raises(ValueError, match=message):
+            DriveConfig(monitor_score="failure_predictor", monitor_threshold=0.5, monitor_predictor={**saved, field: value})
+
+
+def test_eval_drives_with_a_protocol_folders_predictor(run, tmp_path):
+    """A ``nsacdrive protocol`` folder is a monitor folder: its development-family fit drives the fallback."""
+    from nsacdrive.common.resume import plain
+
+    protocol = tmp_path / "protocol"
+    protocol.mkdir()
+    config = {"smooth_steps": 10, "warmup_steps": 50}
+    predictor = plain(_predictor(bias=50.0))  # alarms from the first step allowed
+    (protocol / "protocol.json").write_text(json.dumps({"config": {"monitor": config},
+                                                        "split": {"thresholds": {"failure_predictor": 0.0, "speed": 1e6},
+                                                                  "predictor": predictor}}))
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", str(run), "--seeds", "5", "--max-steps", "300", "--monitor", str(protocol),
+                                      "--monitor-score", "failure_predictor", "--fallback", "stop", "--workers", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    record = json.loads(next((out / "episodes").glob("*.json")).read_text())
+    assert record["reason"] == "safe_stop"
+    (protocol / "protocol.json").write_text(json.dumps({"config": {"monitor": config},
+                                                        "split": {"thresholds": {"failure_predictor": 0.0},
+                                                                  "predictor": {**predictor, "clip": -1.0}}}))
+    bad = CliRunner().invoke(app, ["eval", str(run), "--seeds", "5", "--monitor", str(protocol), "--monitor-score",
+                                   "failure_predictor", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "split.predictor" in bad.output

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from nsacdrive.controllers.metrics import ood_auroc
 from nsacdrive.envs.car_racing import FPS
-from nsacdrive.eval.failure_predictor import PREDICTOR_SCORE, fit_predictor, score_features, with_predictor
+from nsacdrive.eval.failure_predictor import fit_predictor, with_predictor
 from nsacdrive.eval.misbehaviour import Event
 from nsacdrive.eval.monitor import EpisodeScores
+from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, score_features
 from nsacdrive.eval.protocol_config import ProtocolConfig, ProtocolTracks, check_family
 from nsacdrive.eval.safety_protocol import (
     NOMINAL,
@@ -25,6 +26,15 @@ from nsacdrive.eval.safety_protocol import (
 
 STEPS = 600
 WARMUP = FPS
+
+
+@pytest.fixture(autouse=True)
+def constructed_scores(monkeypatch):
+    """The constructed traces' two scores, known to the score table for the length of a test."""
+    from nsacdrive.eval.monitor_scores import SCORES
+
+    for name in ("warning", "shift"):
+        monkeypatch.setitem(SCORES, name, (f"constructed {name}", True, lambda arrays, name=name: arrays[name]))
 
 
 def episode(name: str, clean: bool, fail_at: int | None, rng: np.random.Generator, shift: float = 0.0) -> EpisodeScores:
