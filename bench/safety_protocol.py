@@ -95,6 +95,40 @@ def false_alarm_table(results: list[dict[str, Any]]) -> dict[str, Any]:
             "columns": ["score", "test tracks", "check tracks", "at or below the target on both, every seed"], "rows": rows}
 
 
+def fallback_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    """Per fallback: per test family (cells per seed) failures without → with it, the share prevented and the
+    episodes that ended safely; then clean laps: steps under the fallback, laps, lap time against unguarded laps."""
+    tables = []
+    for fallback in results[0].get("fallbacks", {}):
+        judged = [r["fallbacks"][fallback] for r in results]
+        rows = []
+        for family in judged[0]["families"]:
+            cells = [j["families"][family] for j in judged]
+            rows.append([family, " / ".join(f"{c['failures_without']} → {c['failures_with']}" for c in cells),
+                         _per_seed([c["prevented"] for c in cells]), _per_seed([c["ended_safely"] for c in cells]),
+                         _per_seed([c["safe_stops"] for c in cells])])
+        before = [sum(c["failures_without"] for c in j["families"].values()) for j in judged]
+        after = [sum(c["failures_with"] for c in j["families"].values()) for j in judged]
+        prevented = [1 - a / b if b else None for a, b in zip(after, before)]
+        episodes = [sum(c["episodes"] for c in j["families"].values()) for j in judged]
+        safely = [sum((c["ended_safely"] or 0.0) * c["episodes"] for c in j["families"].values()) / n if n else None
+                  for j, n in zip(judged, episodes)]
+        rows.append(["**all test families**", " / ".join(f"{b} → {a}" for b, a in zip(before, after)),
+                     f"{_per_seed(prevented)} ({_spread(prevented)})", f"{_per_seed(safely)} ({_spread(safely)})", ""])
+        nominal = [j["nominal"] for j in judged]
+        rows.append(["**clean laps**", "", f"under the fallback: {_per_seed([n['fallback_fraction'] for n in nominal], 3)}",
+                     f"laps: {_per_seed([n['laps'] for n in nominal])} of {_per_seed([n['episodes'] for n in nominal])}",
+                     f"lap time ×{_per_seed([n['lap_time_ratio'] for n in nominal], 3)}"])
+        label = " (privileged: an upper bound no real car has)" if fallback == "expert" else ""
+        tables.append({"name": f"Fallback {fallback}{label}",
+                       "caption": (f"Training seeds {', '.join(map(str, seeds))} (cells per seed). The test tracks under each "
+                                   "test family, driven again with the fallback acting on the monitor selected on the "
+                                   "development families; failures without → with it on the same tracks and conditions. An "
+                                   "episode ended safely with a lap or a safe stop and no failure."),
+                       "columns": ["family", "failures", "prevented", "ended safely", "safe stops"], "rows": rows})
+    return tables
+
+
 def study_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
     config = results[0]["config"]
     families, test = list(config["development"]) + list(config["test"]), set(config["test"])
@@ -108,7 +142,7 @@ def study_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dict[s
                          f"Training seeds {seeds_text}. Everything fitted on the development families, judged on each "
                          "test family.", results, [{f: r["split"] for f in config["test"]} for r in results],
                          list(config["test"]), test)
-    return [lofo, split, false_alarm_table(results)]
+    return [lofo, split, false_alarm_table(results), *fallback_tables(results, seeds)]
 
 
 def main(argv: list[str] | None = None) -> int:

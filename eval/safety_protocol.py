@@ -69,16 +69,21 @@ class ProtocolData:
     test: dict[str, list[EpisodeScores]]  # test tracks: what is judged
 
 
-def load_family_scores(eval_dirs: Iterable[Path], config: MonitorConfig) -> dict[str, list[EpisodeScores]]:
-    """Every finished episode of the evaluations, scored, keyed by its shift family."""
-    out: dict[str, list[EpisodeScores]] = {}
+def load_family_episodes(eval_dirs: Iterable[Path], config: MonitorConfig) -> dict[str, list[tuple[dict[str, Any], EpisodeScores]]]:
+    """Every finished episode of the evaluations, its record and its scores, keyed by its shift family."""
+    out: dict[str, list[tuple[dict[str, Any], EpisodeScores]]] = {}
     for eval_dir in eval_dirs:
         for record in load_records(eval_dir):
             if record["failed"]:
                 continue
             _, arrays = load_episode(eval_dir, record["episode_id"])
-            out.setdefault(family_of(record), []).append(episode_scores(record, arrays, config))
+            out.setdefault(family_of(record), []).append((record, episode_scores(record, arrays, config)))
     return out
+
+
+def load_family_scores(eval_dirs: Iterable[Path], config: MonitorConfig) -> dict[str, list[EpisodeScores]]:
+    """Every finished episode of the evaluations, scored, keyed by its shift family."""
+    return {family: [scores for _, scores in pairs] for family, pairs in load_family_episodes(eval_dirs, config).items()}
 
 
 def candidate_scores(episodes: Sequence[EpisodeScores]) -> list[str]:
@@ -177,6 +182,15 @@ def to_terminal(result: dict[str, Any]) -> str:
         lines.append(f"{row['family'][:18]:<19}{'dev' if row['development'] else 'test':<5}{row['monitor'][:17]:<18}"
                      f"{row['failures']:>5}" + "".join(f"{_cell(row['windows'][w]['f3']):>7}" for w in windows)
                      + f"{_cell(first['fpr']):>6}{_cell(first['fpr_shifted']):>7}")
+    for fallback, judged in result.get("fallbacks", {}).items():
+        nominal = judged["nominal"]
+        lines.append("")
+        lines.append(f"fallback {fallback}{' (privileged: an upper bound)' if fallback == 'expert' else ''}: "
+                     f"{_cell(nominal['fallback_fraction'], 3)} of clean steps under it, lap time ×{_cell(nominal['lap_time_ratio'], 3)}")
+        lines.append(f"{'family':<19}{'failures':>10}{'with':>6}{'prevented':>11}{'ended safely':>14}{'safe stops':>12}")
+        for family, row in judged["families"].items():
+            lines.append(f"{family[:18]:<19}{row['failures_without']:>10}{row['failures_with']:>6}{_cell(row['prevented']):>11}"
+                         f"{_cell(row['ended_safely']):>14}{row['safe_stops']:>12}")
     alarms = result["false_alarms"]
     lines.append("")
     lines.append("false alarms on clean laps of tracks not fitted on (1 s windows): " + ", ".join(
@@ -213,6 +227,70 @@ def drive_protocol(run: str, tracks: ProtocolTracks, config: ProtocolConfig, out
         folder = Path(out) / name
         evaluate_closed_loop(evaluation, folder, resume=resume and (folder / "episodes").exists(), progress=progress)
     return load_protocol_data(Path(out), config.monitor)
+
+
+def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fallback: str) -> Any:
+    """``drive`` watched by the split's selected monitor (fitted on the development families alone) with ``fallback``."""
+    from dataclasses import replace
+
+    from nsacdrive.eval.predictor_features import FailurePredictor
+
+    name = split["selected"]
+    predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if name == PREDICTOR_SCORE else None
+    return replace(drive, monitor_score=name, monitor_threshold=float(split["thresholds"][name]),
+                   monitor_smooth=config.monitor.smooth_steps, monitor_warmup=config.monitor.warmup_steps,
+                   monitor_predictor=predictor, fallback=fallback)
+
+
+def drive_fallbacks(run: str, tracks: ProtocolTracks, config: ProtocolConfig, split: dict[str, Any], fallbacks: Sequence[str],
+                    out: Path, resume: bool = False, progress: bool = True, **settings: Any) -> None:
+    """Drive the test tracks, clean and under every test family, with each fallback acting on the split's
+    selected monitor, into ``out/guarded-FALLBACK-corrupted`` and ``out/guarded-FALLBACK-colours``
+    (``settings`` as for :func:`protocol_evaluations`)."""
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+
+    base = settings.pop("drive", DriveConfig())
+    corruptions = [c for c in config.corruptions() if c.rpartition("-")[0] in config.test]
+    parts = {"corrupted": {"corruptions": (NO_CORRUPTION, *corruptions)}}
+    if presets := [p for p in config.colour_presets() if p in config.test]:
+        parts["colours"] = {"colour_presets": tuple(presets)}
+    for fallback in fallbacks:
+        drive = fallback_drive(base, split, config, fallback)
+        for part, conditions in parts.items():
+            folder = Path(out) / f"guarded-{fallback}-{part}"
+            evaluation = EvalConfig(runs=(run,), seeds=tracks.test, drive=drive, **conditions, **settings)
+            evaluate_closed_loop(evaluation, folder, resume=resume and (folder / "episodes").exists(), progress=progress)
+
+
+def _events(pairs: list[tuple[dict[str, Any], EpisodeScores]]) -> int:
+    return sum(len(scores.events) for _, scores in pairs)
+
+
+def judge_fallbacks(out: Path, config: ProtocolConfig, fallbacks: Sequence[str]) -> dict[str, Any]:
+    """Per fallback and test family: failures without and with it (the same tracks and conditions), the
+    share prevented, the episodes that ended safely (a lap or a safe stop, without a failure), and on
+    clean laps the share of steps under the fallback and the lap time against the unguarded laps."""
+    unguarded = load_family_episodes(sorted(p for p in out.glob("test-*") if (p / "episodes").is_dir()), config.monitor)
+    out_of = {}
+    for fallback in fallbacks:
+        guarded = load_family_episodes(sorted(p for p in out.glob(f"guarded-{fallback}-*") if (p / "episodes").is_dir()),
+                                       config.monitor)
+        families = {}
+        for family in config.test:
+            before, after = unguarded.get(family, []), guarded.get(family, [])
+            safe = [(r["lap_finished"] or r["reason"] == "safe_stop") and not s.events for r, s in after]
+            families[family] = {"episodes": len(after), "failures_without": _events(before), "failures_with": _events(after),
+                                "prevented": 1 - _events(after) / _events(before) if _events(before) else None,
+                                "ended_safely": float(np.mean(safe)) if safe else None,
+                                "safe_stops": sum(r["reason"] == "safe_stop" for r, _ in after),
+                                "laps": sum(bool(r["lap_finished"]) for r, _ in after)}
+        clean_before, clean_after = unguarded.get(NOMINAL, []), guarded.get(NOMINAL, [])
+        lap_steps = [np.mean([r["steps"] for r, _ in pairs if r["lap_finished"]] or [np.nan]) for pairs in (clean_before, clean_after)]
+        out_of[fallback] = {"families": families, "nominal": {
+            "episodes": len(clean_after), "fallback_fraction": float(np.mean([r["fallback_fraction"] for r, _ in clean_after]))
+            if clean_after else None, "laps": sum(bool(r["lap_finished"]) for r, _ in clean_after),
+            "lap_time_ratio": float(lap_steps[1] / lap_steps[0]) if np.isfinite(lap_steps).all() else None}}
+    return out_of
 
 
 def load_protocol_data(out: Path, config: MonitorConfig) -> ProtocolData:

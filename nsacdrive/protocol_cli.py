@@ -9,6 +9,7 @@ import typer
 from nsacdrive.common.folder_lock import folder_lock
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.eval.configs import COMMAND_LINE_WORKERS, MonitorConfig
+from nsacdrive.eval.modes import FALLBACKS
 from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig, ProtocolTracks
 from nsacdrive.options import config_default, split_names
 from nsacdrive.outputs import check_output_folder
@@ -38,6 +39,7 @@ def protocol(
     confidence: float = typer.Option(config_default(MonitorConfig, "confidence"), "--confidence", min=0.5, max=0.9999, help="The probability with which the target rate holds on new nominal windows."),
     batch: int = typer.Option(11, "--batch", min=1, help="Episodes driven in lockstep per controller call."),
     workers: int = typer.Option(COMMAND_LINE_WORKERS, "--workers", min=1, help="Worker processes."),
+    fallbacks: str = typer.Option("stop", "--fallbacks", help="Fallbacks driven on the test tracks under every test family, acting on the monitor selected on the development families: stop, slow, expert (privileged: an upper bound), or none."),
     resume: bool = typer.Option(False, "--resume", help="Keep the episodes already driven in --out."),
 ) -> None:
     """Monitors judged family by family: leave-one-family-out, a fixed development/test split, and the
@@ -52,6 +54,9 @@ def protocol(
                                 monitor=MonitorConfig(threshold="conformal", false_alarm_rate=false_alarm_rate, confidence=confidence))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    guards = [name for name in split_names(fallbacks) if name != "none"]
+    if unknown := [name for name in guards if name not in FALLBACKS]:
+        raise typer.BadParameter(f"unknown fallbacks {', '.join(unknown)}: expected some of {', '.join(FALLBACKS)}", param_hint="--fallbacks")
     load_runs([run])  # a folder that is no run is refused before anything is driven
     if workers > 1:
         from nsacdrive.common.workers import start_worker_server
@@ -59,7 +64,7 @@ def protocol(
         start_worker_server(WORKER_TASKS_MODULE)
     from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, json_safe
     from nsacdrive.common.versions import write_versions
-    from nsacdrive.eval.safety_protocol import drive_protocol, judge_protocol, to_terminal
+    from nsacdrive.eval.safety_protocol import drive_fallbacks, drive_protocol, judge_fallbacks, judge_protocol, to_terminal
 
     with folder_lock(out, "nsacdrive protocol"):
         data = drive_protocol(str(run), tracks, config, out, resume=resume, batch=batch, workers=workers)
@@ -67,6 +72,11 @@ def protocol(
                    f"training-track episodes, {len(config.families)} folds …")
         result = {"run": str(run), "tracks": {name: list(values) for name, values in seeds.items()},
                   **judge_protocol(data, config)}
+        if guards:
+            typer.echo(f"fallbacks {', '.join(guards)} on the monitor selected on the development families: "
+                       f"{result['split']['selected']} …")
+            drive_fallbacks(str(run), tracks, config, result["split"], guards, out, resume=resume, batch=batch, workers=workers)
+            result["fallbacks"] = judge_fallbacks(out, config, guards)
         table = to_terminal(result)
         atomic_write_json(out / PROTOCOL_FILE, json_safe(result))
         atomic_write_bytes(out / "protocol.md", (table + "\n").encode())

@@ -385,3 +385,24 @@ def test_eval_drives_with_a_protocol_folders_predictor(run, tmp_path):
     bad = CliRunner().invoke(app, ["eval", str(run), "--seeds", "5", "--monitor", str(protocol), "--monitor-score",
                                    "failure_predictor", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "split.predictor" in bad.output
+
+
+def test_the_protocols_fallbacks_are_driven_on_the_test_families_and_judged_against_unguarded_drives(run, tmp_path):
+    from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
+    from nsacdrive.eval.protocol_config import ProtocolConfig, ProtocolTracks
+    from nsacdrive.eval.safety_protocol import drive_fallbacks, judge_fallbacks
+
+    config = ProtocolConfig(development=("fog",), test=("glare",), severities=(5,), monitor=MonitorConfig(threshold="window-rate"))
+    tracks = ProtocolTracks(train=(0,), fit=(1,), check=(2,), test=(5,))
+    drive = DriveConfig(max_steps=300)
+    evaluate_closed_loop(EvalConfig(runs=(str(run),), seeds=(5,), corruptions=("none", "glare-5"), drive=drive),
+                         tmp_path / "test-corrupted", progress=False)
+    split = {"selected": "steer_std", "thresholds": {"steer_std": 0.0}}  # alarms as soon as the warm-up is over
+    drive_fallbacks(str(run), tracks, config, split, ["stop"], tmp_path, drive=drive, progress=False)
+    assert (tmp_path / "guarded-stop-corrupted" / "episodes").is_dir() and not (tmp_path / "guarded-stop-colours").exists()
+    judged = judge_fallbacks(tmp_path, config, ["stop"])["stop"]
+    glare = judged["families"]["glare"]
+    assert glare["episodes"] == 1 and glare["safe_stops"] == 1 and glare["laps"] == 0
+    nominal = judged["nominal"]  # stopped from the end of the warm-up: a few steps under the fallback, then a safe stop
+    assert nominal["episodes"] == 1 and nominal["laps"] == 0 and 0 < nominal["fallback_fraction"] < 1
+    assert nominal["lap_time_ratio"] is None  # no lap in 300 steps: no lap time to compare

@@ -190,3 +190,30 @@ def test_the_command_refuses_bad_protocols_before_driving(tmp_path, args, messag
     result = CliRunner().invoke(app, ["protocol", str(tmp_path / "run"), "--out", str(tmp_path / "out"), *args])
     assert result.exit_code == 2 and message in normalize(result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_study_file_renders_every_fold_and_fallback_over_seeds(tmp_path):
+    """bench.safety_protocol turns per-seed protocol results into a results file the docs render."""
+    from bench.results import validate_study
+    from bench.safety_protocol import study_tables
+    from nsacdrive.common.atomic import json_safe
+    from nsacdrive.eval.safety_protocol import judge_protocol
+
+    config = small_config()
+    results = []
+    for seed in range(3):
+        result = json_safe(judge_protocol(protocol_data(np.random.default_rng(10 + seed), config.families), config))
+        result["fallbacks"] = {"stop": {"families": {"glare": {"episodes": 6, "failures_without": 3, "failures_with": seed,
+                                                               "prevented": 1 - seed / 3, "ended_safely": 1.0, "safe_stops": 2,
+                                                               "laps": 4}},
+                                        "nominal": {"episodes": 4, "fallback_fraction": 0.01, "laps": 4, "lap_time_ratio": 1.01}}}
+        results.append(result)
+    tables = study_tables(results, [0, 1, 2])
+    assert [t["name"] for t in tables] == ["Leave one family out", "Development and test families", "False alarms with a guarantee",
+                                           "Fallback stop"]
+    assert [row[0] for row in tables[0]["rows"]] == ["fog", "rain", "glare", "**pooled, per seed**", "**pooled, mean ± std**"]
+    assert tables[3]["rows"][-2][:3] == ["**all test families**", "3 → 0 / 3 → 1 / 3 → 2", "1.00 / 0.67 / 0.33 (0.67 ± 0.27)"]
+    provenance = {"command": ["nsacdrive protocol runs/x"], "commit": None, "dirty": None, "date": None,
+                  "machine": {"cpu": None, "cores": 2, "gpu": None},
+                  "versions": {"python": None, "torch": None, "numpy": None, "gymnasium": None}, "config_sha256": {}, "seeds": [0, 1, 2]}
+    validate_study({"study": "safety-protocol", "title": "t", "provenance": provenance, "tables": tables}, "safety-protocol", "x")
