@@ -74,6 +74,7 @@ bench: install bench-deps
 	$(PY) -m bench.data_pipeline
 	$(PY) -m bench.accelerator
 	$(PY) -m bench.closed_loop_speed
+	$(PY) -m bench.safety_cost
 	$(PY) -m bench.targets
 
 # The reference pages (every command and option, every config field) from the code itself.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nsacdrive.envs.car_racing import FPS
-from nsacdrive.eval.monitor_scores import SCORES, smooth
+from nsacdrive.eval.monitor_scores import SCORES
 
 #: scores a car cannot compute: the curvature baseline reads the privileged map
 PRIVILEGED_SCORES = ("curvature",)
@@ -24,32 +24,32 @@ FEATURES = ("value", "mean_1s", "mean_3s", "max_1s", "std_1s", "trend_1s")
 
 
 def _trailing(values: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing mean and std over the last ``steps`` steps (fewer at the start)."""
-    padded = np.concatenate([[0.0], values])
-    total, squares = np.cumsum(padded), np.cumsum(padded ** 2)
-    index = np.arange(1, len(values) + 1)
+    """Trailing mean and std over the last ``steps`` steps of the last axis (fewer at the start)."""
+    padded = np.concatenate([np.zeros((*values.shape[:-1], 1)), values], axis=-1)
+    total, squares = np.cumsum(padded, axis=-1), np.cumsum(padded ** 2, axis=-1)
+    index = np.arange(1, values.shape[-1] + 1)
     start = np.maximum(index - steps, 0)
     count = index - start
-    mean = (total[index] - total[start]) / count
-    variance = np.maximum((squares[index] - squares[start]) / count - mean ** 2, 0.0)
+    mean = (total[..., index] - total[..., start]) / count
+    variance = np.maximum((squares[..., index] - squares[..., start]) / count - mean ** 2, 0.0)
     return mean, np.sqrt(variance)
 
 
 def _trailing_max(values: np.ndarray, steps: int) -> np.ndarray:
-    """Maximum over the last ``steps`` steps (fewer at the start)."""
-    padded = np.concatenate([np.full(steps - 1, -np.inf), values])
-    return np.lib.stride_tricks.sliding_window_view(padded, steps).max(1)
+    """Maximum over the last ``steps`` steps of the last axis (fewer at the start)."""
+    padded = np.concatenate([np.full((*values.shape[:-1], steps - 1), -np.inf), values], axis=-1)
+    return np.lib.stride_tricks.sliding_window_view(padded, steps, axis=-1).max(-1)
 
 
 def score_features(values: np.ndarray) -> np.ndarray:
-    """[N, len(FEATURES)] causal features of one score's per-step values."""
+    """[..., N, len(FEATURES)] causal features of per-step values [..., N] (one score, or several stacked)."""
     values = np.asarray(values, dtype=np.float64)
     mean_short, std_short = _trailing(values, SHORT)
     mean_long, _ = _trailing(values, LONG)
     half, _ = _trailing(values, SHORT // 2)
-    earlier = np.concatenate([np.full(SHORT // 2, values[0]), half])[: len(values)]  # the first value before the first half-second
-    return np.stack([values, mean_short, mean_long, _trailing_max(values, SHORT), std_short, half - earlier], axis=1)
-
+    first = np.repeat(values[..., :1], SHORT // 2, axis=-1)  # the first value stands before the first half-second
+    earlier = np.concatenate([first, half], axis=-1)[..., : values.shape[-1]]
+    return np.stack([values, mean_short, mean_long, _trailing_max(values, SHORT), std_short, half - earlier], axis=-1)
 
 
 #: the most steps a feature looks back (the trend's half-second before the last half-second sits inside it)
@@ -115,8 +115,8 @@ class FailurePredictor:
 class LivePredictor:
     """The failure predictor's log-odds at every closed-loop step: each input score smoothed over
     ``smooth_steps`` as the logs' scores are (:func:`~nsacdrive.eval.monitor_scores.smooth`), its
-    features over the last :data:`HISTORY` steps, exactly as the offline judge computes them. No
-    alarm in the first ``warmup_steps`` steps."""
+    features over the last :data:`HISTORY` steps, exactly as the offline judge computes them (every
+    score in one vectorised call). No alarm in the first ``warmup_steps`` steps."""
 
     def __init__(self, predictor: FailurePredictor, threshold: float, smooth_steps: int, warmup_steps: int) -> None:
         self.predictor = predictor
@@ -124,16 +124,18 @@ class LivePredictor:
         self.threshold = threshold
         self.smooth_steps = smooth_steps
         self.warmup_steps = warmup_steps
-        self.raw: list[list[float]] = [[] for _ in predictor.scores]
-        self.smoothed: list[list[float]] = [[] for _ in predictor.scores]
+        self.raw = np.zeros((len(predictor.scores), 1024))
+        self.smoothed = np.zeros_like(self.raw)
+        self.steps = 0
 
     def update(self, step: dict[str, np.ndarray]) -> tuple[float, bool]:
         """The log-odds after this step (arrays of one row each) and whether it alarms."""
-        features = []
-        for compute, raw, smoothed in zip(self.computes, self.raw, self.smoothed):
-            raw.append(float(compute(step)[0]))
-            smoothed.append(float(smooth(np.asarray(raw[-self.smooth_steps:]), self.smooth_steps)[-1]))
-            features.append(score_features(np.asarray(smoothed[-HISTORY:] if len(smoothed) > HISTORY else smoothed))[-1])
-        value = float(self.predictor.log_odds(np.concatenate(features)[None])[0])
-        alarm_allowed = len(self.raw[0]) > self.warmup_steps
-        return value, alarm_allowed and value > self.threshold
+        t = self.steps
+        if t == self.raw.shape[1]:  # a horizon beyond the buffer: double it
+            self.raw, self.smoothed = (np.concatenate([a, np.zeros_like(a)], axis=1) for a in (self.raw, self.smoothed))
+        self.raw[:, t] = [float(compute(step)[0]) for compute in self.computes]
+        self.smoothed[:, t] = self.raw[:, max(0, t + 1 - self.smooth_steps): t + 1].mean(axis=1)
+        self.steps = t + 1
+        features = score_features(self.smoothed[:, max(0, t + 1 - HISTORY): t + 1])[:, -1, :]
+        value = float(self.predictor.log_odds(features.reshape(1, -1))[0])
+        return value, t >= self.warmup_steps and value > self.threshold
