@@ -119,6 +119,8 @@ def fallback_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dic
         rows.append(["**clean laps**", "", f"under the fallback: {_per_seed([n['fallback_fraction'] for n in nominal], 3)}",
                      f"laps: {_per_seed([n['laps'] for n in nominal])} of {_per_seed([n['episodes'] for n in nominal])}",
                      f"lap time ×{_per_seed([n['lap_time_ratio'] for n in nominal], 3)}"])
+        if "cascade_compute" in judged[0]:
+            rows.append(["**cascade compute**", "", "", f"at most {_per_seed([j['cascade_compute'] for j in judged], 3)} of running it every step", ""])
         label = " (privileged: an upper bound no real car has)" if fallback == "expert" else ""
         tables.append({"name": f"Fallback {fallback}{label}",
                        "caption": (f"Training seeds {', '.join(map(str, seeds))} (cells per seed). The test tracks under each "

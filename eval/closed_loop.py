@@ -56,6 +56,7 @@ from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.envs.corruptions import NO_CORRUPTION, import_corruption_modules
 from nsacdrive.envs.observation_kinds import DEFAULT_FRAME_KIND, make_env_for, observation_kind
 from nsacdrive.envs.state import privileged_state
+from nsacdrive.eval.cascade import Cascade
 from nsacdrive.eval.configs import (  # torch-free there: the command line reads their defaults
     DriveConfig,
     EpisodeKey,
@@ -244,19 +245,22 @@ class EpisodeDrive:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.traceback = traceback.format_exc()
 
-    def step(self, rows: PredictionRows, row: int) -> None:
-        """Act on row ``row`` of the group's prediction and advance the env one step."""
+    def step(self, rows: PredictionRows, row: int, watched: tuple[float, bool] | None = None,
+             cascade_action: np.ndarray | None = None) -> None:
+        """Act on row ``row`` of the group's prediction and advance the env one step. ``watched``: this
+        step's :meth:`watch`, when the group already asked (a cascade needs to know who falls back);
+        ``cascade_action``: the cascade's action for this episode while it falls back."""
         try:
             if not rows.finite[row]:
                 raise FloatingPointError(f"non-finite action {rows.mean[row].tolist()}")
             action, std = rows.action[row].copy(), rows.std[row]
             state, log = self.state, self.log
             expert_action = self.expert.act(self.observation, state)
-            score, active = self.watch(rows, row)
+            score, active = watched if watched is not None else self.watch(rows, row)
             executed = cautious_pedals(throttle_cap(action, float(std[0]), self.drive.throttle_cap), std, self.drive.pedal_caution,
                                       self.drive.gas_caution)
             if active:
-                executed = self.fall_back(executed, expert_action)
+                executed = cascade_action if self.drive.fallback == "cascade" else self.fall_back(executed, expert_action)
             log["raw_action"].append(rows.mean[row])
             log["aleatoric"].append(rows.aleatoric[row])
             log["epistemic"].append(rows.epistemic[row])
@@ -363,6 +367,12 @@ class LockstepGroup:
         self.interface = interface
         self.drives = [EpisodeDrive(key, drive, interface) for key in keys]
         self.generators = [drive.generator for drive in self.drives]
+        self.cascade: Cascade | None = None
+        if drive.fallback == "cascade" and interface is not None:
+            try:
+                self.cascade = Cascade(drive.fallback_run, keys, interface, drive.samples, drive.device, drive.raw)  # type: ignore[arg-type]
+            except Exception as exc:  # an unreadable cascade run fails the group's episodes, not the evaluation
+                self.fail(exc)
 
     @property
     def running(self) -> bool:
@@ -380,11 +390,25 @@ class LockstepGroup:
         return observations, speeds
 
     def act(self, prediction: UncertainPrediction) -> None:
-        """Step every running episode on its row of ``prediction``."""
+        """Step every running episode on its row of ``prediction`` (with a cascade: the episodes under the
+        fallback on the cascade's actions, one call for all of them)."""
         rows = PredictionRows.of(prediction, self.interface.frames)
-        for row, drive in enumerate(self.drives):
-            if drive.running:
-                drive.step(rows, row)
+        if self.cascade is None:
+            for row, drive in enumerate(self.drives):
+                if drive.running:
+                    drive.step(rows, row)
+            return
+        running = [row for row, drive in enumerate(self.drives) if drive.running]
+        watched = {row: self.drives[row].watch(rows, row) for row in running}
+        for row in running:
+            self.cascade.see(row, self.drives[row].observation, self.drives[row].speed)
+        try:
+            actions = self.cascade.act([row for row in running if watched[row][1]])
+        except Exception as exc:  # a fault of the cascade's call: every running episode fails with it
+            self.fail(exc)
+            return
+        for row in running:
+            self.drives[row].step(rows, row, watched[row], actions.get(row))
 
     def fail(self, exc: Exception) -> None:
         """A fault of the controller call: every running episode fails with it."""

@@ -109,7 +109,9 @@ class DriveConfig:
         ``fallback_steps`` after the score last stood above ``fallback_release`` × the threshold (a
         lower release level than the alarm's keeps it from handing back into the failure it caught); or ``stop``, a minimal-risk manoeuvre that needs
         nothing privileged: from the first alarm on, no gas and a firm brake while the controller keeps
-        steering, and the episode ends as a *safe stop* once the car stands on the road (safe, not a lap)
+        steering, and the episode ends as a *safe stop* once the car stands on the road (safe, not a lap);
+        or ``cascade``, a second controller (``fallback_run``) that drives while the alarm lasts
+        (:mod:`nsacdrive.eval.cascade`)
     :param device: where the controller runs (``cpu``, ``cuda``, ``cuda:1``); its draws come from the
         episodes' own CPU streams either way, so a GPU drives the same episodes up to float rounding
     """
@@ -130,6 +132,7 @@ class DriveConfig:
     fallback_speed: float = 30.0
     fallback_release: float = 1.0  # hand back only after the score stayed at or below this share of the threshold (hysteresis)
     monitor_predictor: FailurePredictor | None = None  # the weights of monitor_score "failure_predictor"
+    fallback_run: str | None = None  # the second controller of fallback "cascade"
     device: str = "cpu"
     corruption_modules: tuple[str, ...] = ()  # imported by the command and its workers, never on reading a saved config
 
@@ -153,6 +156,9 @@ class DriveConfig:
             raise ValueError(f"drive config monitor_predictor goes with monitor_score {PREDICTOR_SCORE!r}, and only with it")
         if self.fallback not in FALLBACKS:
             raise ValueError(f"drive config fallback: expected one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if (self.fallback == "cascade") != (self.fallback_run is not None):
+            raise ValueError("drive config fallback_run goes with fallback 'cascade' (the run that drives while the alarm lasts), "
+                             "and only with it")
         if self.fallback != "none" and self.monitor_score is None:
             raise ValueError(f"drive config fallback {self.fallback!r} needs a monitor (monitor_score and monitor_threshold)")
         object.__setattr__(self, "corruption_modules", tuple(self.corruption_modules))

@@ -84,9 +84,9 @@ class ControllerPolicy:
         self.seen = np.zeros(episodes, dtype=np.int64)  # frames seen per episode
         self.ring: torch.Tensor | None = None  # [episodes, history, (M,) P, D] tokens, allocated on first use
 
-    def predict_episodes(self, episodes: Sequence[int], observations: np.ndarray, speeds: np.ndarray | None = None,
-                         generators: Sequence[torch.Generator] | None = None) -> UncertainPrediction:
-        """Predictions [len(episodes)] from each listed episode's newest raw frame (and measured speed)."""
+    def observe_episodes(self, episodes: Sequence[int], observations: np.ndarray, speeds: np.ndarray | None = None) -> torch.Tensor:
+        """Encode each listed episode's newest raw frame (and measured speed) into its history; returns the
+        rows' T history tokens in order, [n, T·P, D] (ensembles: [M, n, T·P, D])."""
         rows = np.asarray(episodes, dtype=np.int64)
         newest = torch.from_numpy(preprocess_for(self.train_config.model.observation)(np.asarray(observations)))[:, None].to(self.device)
         speed = None if speeds is None else torch.as_tensor(np.asarray(speeds), dtype=torch.float32, device=self.device)[:, None]
@@ -104,8 +104,17 @@ class ControllerPolicy:
         history = self.ring[index[:, None], torch.from_numpy(positions)]  # [n, T, (M,) P, D]
         if ensemble:
             history = history.movedim(2, 0)  # [M, n, T, P, D]
-        history = history.flatten(-3, -2)  # frames' tokens in order, as the encoder lays out a sequence
-        times = self.timestamps.expand(len(rows), -1)
+        return history.flatten(-3, -2)  # frames' tokens in order, as the encoder lays out a sequence
+
+    def forget_episode(self, episode: int) -> None:
+        """Start episode ``episode``'s history afresh: its next frame is its first."""
+        self.seen[episode] = 0
+
+    def predict_episodes(self, episodes: Sequence[int], observations: np.ndarray, speeds: np.ndarray | None = None,
+                         generators: Sequence[torch.Generator] | None = None) -> UncertainPrediction:
+        """Predictions [len(episodes)] from each listed episode's newest raw frame (and measured speed)."""
+        history = self.observe_episodes(episodes, observations, speeds)
+        times = self.timestamps.expand(len(episodes), -1)
         prediction = self.model.predict_tokens(history, times, samples=self.samples, generators=generators)
         return prediction if self.device.type == "cpu" else prediction.to("cpu")  # driving loops read numpy
 

@@ -9,7 +9,7 @@ OFFLINE_SPLITS = ("test", "val")
 #: Training sequences ``nsacdrive calibrate`` fits the feature density on by default (``eval/calibrate.py``).
 DENSITY_SAMPLES = 8192
 #: What ``nsacdrive eval --fallback`` does on a monitor alarm (``eval/closed_loop.py``).
-FALLBACKS = ("none", "slow", "stop", "expert")
+FALLBACKS = ("none", "slow", "stop", "cascade", "expert")
 #: How ``nsacdrive monitor`` sets each score's alarm threshold (``eval/monitor.py``), and the one to use:
 #: at a fixed rate of nominal 1 s windows, the setting of every published monitor result.
 MONITOR_THRESHOLDS = ("window-rate", "gamma", "conformal")

@@ -34,6 +34,7 @@ import numpy as np
 
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.corruptions import NO_CORRUPTION
+from nsacdrive.eval.cascade_cost import cascade_history, cascade_share
 from nsacdrive.eval.failure_predictor import PREDICTOR_SCORE, PRIVILEGED_SCORES, fit_predictor, with_predictor
 from nsacdrive.eval.monitor import (
     EpisodeScores,
@@ -187,6 +188,8 @@ def to_terminal(result: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"fallback {fallback}{' (privileged: an upper bound)' if fallback == 'expert' else ''}: "
                      f"{_cell(nominal['fallback_fraction'], 3)} of clean steps under it, lap time ×{_cell(nominal['lap_time_ratio'], 3)}")
+        if "cascade_compute" in judged:
+            lines.append(f"the cascade ran at most {_cell(judged['cascade_compute'], 3)} of what running it every step costs")
         lines.append(f"{'family':<19}{'failures':>10}{'with':>6}{'prevented':>11}{'ended safely':>14}{'safe stops':>12}")
         for family, row in judged["families"].items():
             lines.append(f"{family[:18]:<19}{row['failures_without']:>10}{row['failures_with']:>6}{_cell(row['prevented']):>11}"
@@ -229,8 +232,14 @@ def drive_protocol(run: str, tracks: ProtocolTracks, config: ProtocolConfig, out
     return load_protocol_data(Path(out), config.monitor)
 
 
+def fallback_label(fallback: str) -> str:
+    """A fallback's name in folders and tables: ``cascade:RUN`` → ``cascade``."""
+    return fallback.partition(":")[0]
+
+
 def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fallback: str) -> Any:
-    """``drive`` watched by the split's selected monitor (fitted on the development families alone) with ``fallback``."""
+    """``drive`` watched by the split's selected monitor (fitted on the development families alone) with
+    ``fallback`` (a name of :data:`~nsacdrive.eval.modes.FALLBACKS`, or ``cascade:RUN``)."""
     from dataclasses import replace
 
     from nsacdrive.eval.predictor_features import FailurePredictor
@@ -239,7 +248,7 @@ def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fa
     predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if name == PREDICTOR_SCORE else None
     return replace(drive, monitor_score=name, monitor_threshold=float(split["thresholds"][name]),
                    monitor_smooth=config.monitor.smooth_steps, monitor_warmup=config.monitor.warmup_steps,
-                   monitor_predictor=predictor, fallback=fallback)
+                   monitor_predictor=predictor, fallback=fallback_label(fallback), fallback_run=fallback.partition(":")[2] or None)
 
 
 def drive_fallbacks(run: str, tracks: ProtocolTracks, config: ProtocolConfig, split: dict[str, Any], fallbacks: Sequence[str],
@@ -257,7 +266,7 @@ def drive_fallbacks(run: str, tracks: ProtocolTracks, config: ProtocolConfig, sp
     for fallback in fallbacks:
         drive = fallback_drive(base, split, config, fallback)
         for part, conditions in parts.items():
-            folder = Path(out) / f"guarded-{fallback}-{part}"
+            folder = Path(out) / f"guarded-{fallback_label(fallback)}-{part}"
             evaluation = EvalConfig(runs=(run,), seeds=tracks.test, drive=drive, **conditions, **settings)
             evaluate_closed_loop(evaluation, folder, resume=resume and (folder / "episodes").exists(), progress=progress)
 
@@ -272,7 +281,8 @@ def judge_fallbacks(out: Path, config: ProtocolConfig, fallbacks: Sequence[str])
     clean laps the share of steps under the fallback and the lap time against the unguarded laps."""
     unguarded = load_family_episodes(sorted(p for p in out.glob("test-*") if (p / "episodes").is_dir()), config.monitor)
     out_of = {}
-    for fallback in fallbacks:
+    for spec in fallbacks:
+        fallback = fallback_label(spec)
         guarded = load_family_episodes(sorted(p for p in out.glob(f"guarded-{fallback}-*") if (p / "episodes").is_dir()),
                                        config.monitor)
         families = {}
@@ -290,6 +300,10 @@ def judge_fallbacks(out: Path, config: ProtocolConfig, fallbacks: Sequence[str])
             "episodes": len(clean_after), "fallback_fraction": float(np.mean([r["fallback_fraction"] for r, _ in clean_after]))
             if clean_after else None, "laps": sum(bool(r["lap_finished"]) for r, _ in clean_after),
             "lap_time_ratio": float(lap_steps[1] / lap_steps[0]) if np.isfinite(lap_steps).all() else None}}
+        if fallback == "cascade":
+            pairs = [pair for family in (NOMINAL, *config.test) for pair in guarded.get(family, [])]
+            history = cascade_history(spec.partition(":")[2])
+            out_of[fallback]["cascade_compute"] = cascade_share([record for record, _ in pairs], history)
     return out_of
 
 

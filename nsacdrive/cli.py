@@ -41,6 +41,7 @@ from nsacdrive.eval.configs import (
 from nsacdrive.eval.modes import (
     DEFAULT_MONITOR_SCORE,
     DENSITY_SAMPLES,
+    FALLBACKS,
     INFERENCE_MODES,
     MONITOR_THRESHOLDS,
     OFFLINE_SPLITS,
@@ -553,7 +554,7 @@ def closed_loop_eval(
     corruption: str = typer.Option(",".join(config_default(EvalConfig, "corruptions")), "--corruption", help="Comma-separated corruptions of the controller's frames: none and/or FAMILY-SEVERITY, where FAMILY may be all (all-3: every family at severity 3; `nsacdrive env corruptions`), or all."),
     monitor_dir: Optional[Path] = typer.Option(None, "--monitor", help="A `nsacdrive monitor` or `nsacdrive protocol` folder: watch --monitor-score every step with its fitted threshold and smoothing (a protocol folder also offers failure_predictor, the learned failure predictor)."),
     monitor_score: str = typer.Option(DEFAULT_MONITOR_SCORE, "--monitor-score", help="The score of --monitor that raises alarms (density needs each run's density.safetensors: `nsacdrive calibrate`)."),
-    fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), stop (brake to a standstill on the road while the controller steers: a safe stop, not a lap; nothing privileged), or expert (the privileged expert drives: an upper bound, an intervention)."),
+    fallback: str = typer.Option(config_default(DriveConfig, "fallback"), "--fallback", help=f"On an alarm: none (log it), slow (no gas above {config_default(DriveConfig, 'fallback_speed'):g} units/s), stop (brake to a standstill on the road while the controller steers: a safe stop, not a lap; nothing privileged), cascade:RUN (the controller of run folder RUN drives while the alarm lasts, run only then), or expert (the privileged expert drives: an upper bound, an intervention)."),
     fallback_seconds: float = typer.Option(config_default(DriveConfig, "fallback_steps") / FPS, "--fallback-seconds", min=1 / FPS, help="How long the score must stay clear (see --fallback-release) before the fallback hands the car back."),
     fallback_release: float = typer.Option(config_default(DriveConfig, "fallback_release"), "--fallback-release", min=0.01, max=1.0, help="Hysteresis: the score counts as clear only at or below this share of the alarm threshold (1: the threshold itself)."),
     out: Path = typer.Option(Path("runs/closed-loop"), "--out", help="Folder for episodes/, summary.csv, aggregates.json."),
@@ -583,6 +584,7 @@ def closed_loop_eval(
             _check_monitor_inputs(loaded, name)
     if fallback != "none" and monitor_dir is None:
         raise typer.BadParameter("needs --monitor (a `nsacdrive monitor` folder)", param_hint="--fallback")
+    fallback, fallback_run = _fallback_spec(fallback)
     if corruption_module:  # the user's own modules, named on this command line (a saved config never imports them)
         from nsacdrive.envs.corruptions import import_corruption_modules
 
@@ -590,7 +592,8 @@ def closed_loop_eval(
     drive = DriveConfig(max_steps=max_steps, samples=samples, throttle_cap=throttle_cap, pedal_caution=pedal_caution, gas_caution=gas_caution,
                         renderer=renderer.value, raw=uncalibrated,
                         device=device, fallback=fallback, fallback_steps=max(1, round(fallback_seconds * FPS)),
-                        fallback_release=fallback_release, corruption_modules=tuple(corruption_module or ()), **monitoring)
+                        fallback_release=fallback_release, fallback_run=fallback_run, corruption_modules=tuple(corruption_module or ()),
+                        **monitoring)
     corruptions = _closed_loop_corruptions(corruption)
     config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
                         corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
@@ -634,6 +637,18 @@ def _check_monitor_inputs(loaded: dict[Path, tuple[Any, Any]], score: str) -> No
     if score == "density" and lacking:
         raise Refusal(f"--monitor-score density: {', '.join(lacking)}: no feature density (density.safetensors); "
                       "run `nsacdrive calibrate RUN --data DATA`, or pass another --monitor-score")
+
+
+def _fallback_spec(fallback: str) -> tuple[str, str | None]:
+    """``--fallback``: a fallback's name, or ``cascade:RUN`` → (``cascade``, RUN), the run checked now."""
+    name, _, run = fallback.partition(":")
+    if name == "cascade" and run:
+        _load_runs([Path(run)], announce=False)
+        return name, run
+    if name not in FALLBACKS or run or name == "cascade":
+        raise typer.BadParameter(f"expected one of {', '.join(f for f in FALLBACKS if f != 'cascade')} or cascade:RUN, got {fallback!r}",
+                                 param_hint="--fallback")
+    return name, None
 
 
 def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:

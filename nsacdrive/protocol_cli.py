@@ -25,6 +25,12 @@ def _seeds(text: str, flag: str) -> list[int]:
         raise typer.BadParameter(str(exc), param_hint=flag) from None
 
 
+def _known_fallback(spec: str) -> bool:
+    """A fallback of ``--fallbacks``: a name of FALLBACKS, with a run exactly when it is ``cascade:RUN``."""
+    name, _, run = spec.partition(":")
+    return name in FALLBACKS and (name == "cascade") == bool(run)
+
+
 def protocol(
     run: Path = typer.Argument(..., help="A run folder from `nsacdrive train` (calibrated by `nsacdrive calibrate` for the density score)."),
     out: Path = typer.Option(Path("runs/protocol"), "--out", help="Folder for the evaluations (fit/, check/, train-*/, test-*/), protocol.json and protocol.md."),
@@ -39,7 +45,7 @@ def protocol(
     confidence: float = typer.Option(config_default(MonitorConfig, "confidence"), "--confidence", min=0.5, max=0.9999, help="The probability with which the target rate holds on new nominal windows."),
     batch: int = typer.Option(11, "--batch", min=1, help="Episodes driven in lockstep per controller call."),
     workers: int = typer.Option(COMMAND_LINE_WORKERS, "--workers", min=1, help="Worker processes."),
-    fallbacks: str = typer.Option("stop", "--fallbacks", help="Fallbacks driven on the test tracks under every test family, acting on the monitor selected on the development families: stop, slow, expert (privileged: an upper bound), or none."),
+    fallbacks: str = typer.Option("stop", "--fallbacks", help="Fallbacks driven on the test tracks under every test family, acting on the monitor selected on the development families: stop, slow, cascade:RUN (a second controller while the alarm lasts), expert (privileged: an upper bound), or none."),
     resume: bool = typer.Option(False, "--resume", help="Keep the episodes already driven in --out."),
 ) -> None:
     """Monitors judged family by family: leave-one-family-out, a fixed development/test split, and the
@@ -55,8 +61,9 @@ def protocol(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     guards = [name for name in split_names(fallbacks) if name != "none"]
-    if unknown := [name for name in guards if name not in FALLBACKS]:
-        raise typer.BadParameter(f"unknown fallbacks {', '.join(unknown)}: expected some of {', '.join(FALLBACKS)}", param_hint="--fallbacks")
+    if unknown := [name for name in guards if not _known_fallback(name)]:
+        raise typer.BadParameter(f"unknown fallbacks {', '.join(unknown)}: expected some of stop, slow, cascade:RUN, expert", param_hint="--fallbacks")
+    load_runs([Path(name.partition(":")[2]) for name in guards if name.startswith("cascade:")], announce=False)
     load_runs([run])  # a folder that is no run is refused before anything is driven
     if workers > 1:
         from nsacdrive.common.workers import start_worker_server

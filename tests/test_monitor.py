@@ -406,3 +406,48 @@ def test_the_protocols_fallbacks_are_driven_on_the_test_families_and_judged_agai
     nominal = judged["nominal"]  # stopped from the end of the warm-up: a few steps under the fallback, then a safe stop
     assert nominal["episodes"] == 1 and nominal["laps"] == 0 and 0 < nominal["fallback_fraction"] < 1
     assert nominal["lap_time_ratio"] is None  # no lap in 300 steps: no lap time to compare
+
+
+# --------------------------------------------------------------------------- the cascade
+
+
+def test_a_cascade_drives_while_the_alarm_lasts_on_the_history_it_missed(run):
+    """The same deterministic controller as its own cascade: engaged at the end of the warm-up, it replays the
+    frames it missed, so its actions are exactly the controller's own clipped means."""
+    from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episode
+
+    drive = DriveConfig(max_steps=200, monitor_score="steer_std", monitor_threshold=0.0, monitor_warmup=60, fallback="cascade",
+                        fallback_run=str(run))
+    record, log = run_episode(EpisodeKey(str(run), "default", 5, 0), drive)
+    active = log["fallback"] > 0
+    assert not active[:60].any() and active[60:].all() and not record.failed
+    np.testing.assert_array_equal(log["executed_action"][60:], np.clip(log["raw_action"][60:], [-1, 0, 0], [1, 1, 1]))
+    assert record.fallback_fraction == pytest.approx((len(active) - 60) / len(active))
+
+
+def test_the_cascade_costs_the_steps_under_the_fallback_and_a_replay_per_engagement(run):
+    from nsacdrive.eval.cascade_cost import cascade_history, cascade_share
+
+    records = [{"steps": 100, "fallback_fraction": 0.15, "alarms": 2},  # 15 steps under it, two engagements
+               {"steps": 10, "fallback_fraction": 1.0, "alarms": 1}]  # never more than every step
+    assert cascade_share(records, history=7) == pytest.approx((15 + 2 * 6 + 10) / 110)
+    assert cascade_share([], history=7) is None
+    assert cascade_history(run) == 7  # the fixture's four frames, every second one
+
+
+def test_a_cascade_needs_its_run_and_the_command_checks_it(run, tmp_path):
+    from nsacdrive.eval.closed_loop import DriveConfig
+
+    with pytest.raises(ValueError, match="fallback_run goes with fallback 'cascade'"):
+        DriveConfig(monitor_score="steer_std", monitor_threshold=1.0, fallback="cascade")
+    with pytest.raises(ValueError, match="fallback_run goes with fallback 'cascade'"):
+        DriveConfig(monitor_score="steer_std", monitor_threshold=1.0, fallback="stop", fallback_run=str(run))
+    monitor = tmp_path / "monitor"
+    monitor.mkdir()
+    (monitor / "monitor.json").write_text(json.dumps({"config": {"smooth_steps": 10, "warmup_steps": 50},
+                                                      "scores": {"steer_std": {"threshold": 1.0}}}))
+    for fallback, message in (("cascade:" + str(tmp_path / "nowhere"), "cannot load run"), ("cascade", "cascade:RUN"),
+                              ("slow:x", "cascade:RUN")):
+        result = CliRunner().invoke(app, ["eval", str(run), "--seeds", "5", "--monitor", str(monitor), "--monitor-score",
+                                          "steer_std", "--fallback", fallback, "--out", str(tmp_path / "eval")])
+        assert result.exit_code == 2 and message in result.output, result.output
