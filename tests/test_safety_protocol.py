@@ -209,10 +209,10 @@ def test_the_study_file_renders_every_fold_and_fallback_over_seeds(tmp_path):
                                         "nominal": {"episodes": 4, "fallback_fraction": 0.01, "laps": 4, "lap_time_ratio": 1.01}}}
         results.append(result)
     tables = study_tables(results, [0, 1, 2])
-    assert [t["name"] for t in tables] == ["Leave one family out", "Development and test families", "False alarms with a guarantee",
-                                           "Fallback stop"]
+    assert [t["name"] for t in tables] == ["Leave one family out", "Leave one family out: precision, recall, lead and AUROC",
+                                           "Development and test families", "False alarms with a guarantee", "Fallback stop"]
     assert [row[0] for row in tables[0]["rows"]] == ["fog", "rain", "glare", "**pooled, per seed**", "**pooled, mean ± std**"]
-    assert tables[3]["rows"][-2][:3] == ["**all test families**", "3 → 0 / 3 → 1 / 3 → 2", "1.00 / 0.67 / 0.33 (0.67 ± 0.27)"]
+    assert tables[4]["rows"][-2][:3] == ["**all test families**", "3 → 0 / 3 → 1 / 3 → 2", "1.00 / 0.67 / 0.33 (0.67 ± 0.27)"]
     provenance = {"command": ["nsacdrive protocol runs/x"], "commit": None, "dirty": None, "date": None,
                   "machine": {"cpu": None, "cores": 2, "gpu": None},
                   "versions": {"python": None, "torch": None, "numpy": None, "gymnasium": None}, "config_sha256": {}, "seeds": [0, 1, 2]}
