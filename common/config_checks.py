@@ -18,7 +18,8 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -212,3 +213,10 @@ def _numbers(value: Any) -> list[float]:
     """The numbers a range applies to: the value itself, or a tuple's elements; None is exempt."""
     items = value if isinstance(value, tuple) else (value,)
     return [item for item in items if isinstance(item, numbers.Real) and not isinstance(item, bool)]
+
+
+def check_distinct(where: str, name: str, values: Sequence[Any]) -> None:
+    """Raise ValueError naming ``where``, the field and every value ``values`` lists more than once."""
+    repeated = sorted(str(value) for value, count in Counter(values).items() if count > 1)
+    if repeated:
+        raise ValueError(f"{where} {name}: listed twice: {', '.join(repeated)}")

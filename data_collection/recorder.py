@@ -30,7 +30,7 @@ from nsacdrive.agents.registry import AGENT_KINDS, AgentKinds
 from nsacdrive.agents.rollout import Step, drive, termination_reason
 from nsacdrive.common.atomic import remove_partial_files
 from nsacdrive.common.backends import run_tasks
-from nsacdrive.common.config_checks import POSITIVE, WIDTH, Range, check_fields
+from nsacdrive.common.config_checks import POSITIVE, WIDTH, Range, check_distinct, check_fields
 from nsacdrive.common.progress import progress_bar
 from nsacdrive.common.resume import check_settings, record_settings
 from nsacdrive.common.seeds import derive_seed
@@ -380,11 +380,6 @@ class CollectionSummary:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
 
-def _distinct(name: str, values: tuple[Any, ...]) -> None:
-    if len(set(values)) != len(values):
-        raise ValueError(f"collect config {name}: listed twice in {list(values)}")
-
-
 @dataclass(frozen=True)
 class CollectConfig:
     """A recording job: which episodes (agent × seeds × colour presets, with noise) and how each is recorded.
@@ -430,8 +425,8 @@ class CollectConfig:
         object.__setattr__(self, "renderer", recording_renderer(self.env, self.layout, self.renderer, "collect config"))
         if not self.colour_presets:
             raise ValueError("collect config colour_presets: give at least one colour preset")
-        _distinct("colour_presets", self.colour_presets)
-        _distinct("seeds", self.seeds)
+        check_distinct("collect config", "colour_presets", self.colour_presets)
+        check_distinct("collect config", "seeds", self.seeds)
         for preset in self.colour_presets:
             validate_preset(preset)
 

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from nsacdrive.common.backends import BACKENDS
-from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check_ranges
+from nsacdrive.common.config_checks import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT_INTERVAL,
+    Range,
+    check_distinct,
+    check_ranges,
+)
 from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
@@ -200,12 +207,6 @@ def resolve_inference(inference: str, backend: str, workers: int) -> str:
     return "process" if backend == "process" and cores >= 2 * max(workers, 1) else "inline"
 
 
-def _distinct(name: str, values: Sequence[Any]) -> None:
-    repeated = sorted(str(value) for value, count in Counter(values).items() if count > 1)
-    if repeated:
-        raise ValueError(f"evaluation config {name}: listed twice: {', '.join(repeated)}")
-
-
 #: the numbers EvalConfig's numeric fields may take
 EVAL_RANGES = dict.fromkeys(("repeats", "trials", "batch", "workers"), AT_LEAST_ONE)
 #: ``nsacdrive eval``'s ``--workers``: the command uses a worker per core of a 2-core machine, where
@@ -276,12 +277,12 @@ class EvalConfig:
         for name in ("runs", "seeds", "colour_presets", "corruptions"):
             if not getattr(self, name):
                 raise ValueError(f"evaluation config {name}: give at least one")
-        _distinct("run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
-        _distinct("seeds", self.seeds)
-        _distinct("colour_presets", self.colour_presets)
+        check_distinct("evaluation config", "run folder names", [Path(run).name for run in self.runs])  # also refuses a run listed twice
+        check_distinct("evaluation config", "seeds", self.seeds)
+        check_distinct("evaluation config", "colour_presets", self.colour_presets)
         for preset in self.colour_presets:
             validate_preset(preset)
-        _distinct("corruptions", self.corruptions)
+        check_distinct("evaluation config", "corruptions", self.corruptions)
         for corruption in self.corruptions:
             corruption_of(corruption)  # a ValueError naming it, now rather than in a worker
         check_ranges(self, "evaluation config", EVAL_RANGES)

@@ -311,7 +311,7 @@ def test_collect_validates_before_creating_anything(tmp_path):
         collect(CollectConfig(agent="pilot", seeds=[0], max_steps=10), tmp_path / "b", progress=False)
     with pytest.raises(ValueError, match=re.escape("collect config workers must be in [1, 4096], got 0")):
         collect(CollectConfig(agent="expert", seeds=[0], max_steps=10, workers=0), tmp_path / "c", progress=False)
-    with pytest.raises(ValueError, match=r"collect config seeds: listed twice in \[0, 0\]"):
+    with pytest.raises(ValueError, match="collect config seeds: listed twice: 0$"):
         CollectConfig(agent="expert", seeds=[0, 0])
     assert list(tmp_path.iterdir()) == []
 
