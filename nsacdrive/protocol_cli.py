@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from nsacdrive.common.folder_lock import folder_lock
 from nsacdrive.common.seeds import parse_seeds
-from nsacdrive.eval.configs import COMMAND_LINE_WORKERS, MonitorConfig
+from nsacdrive.eval.configs import COMMAND_LINE_WORKERS, DriveConfig, MonitorConfig
 from nsacdrive.eval.modes import FALLBACKS
 from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig, ProtocolTracks
 from nsacdrive.options import config_default, split_names
@@ -46,18 +47,24 @@ def protocol(
     batch: int = typer.Option(11, "--batch", min=1, help="Episodes driven in lockstep per controller call."),
     workers: int = typer.Option(COMMAND_LINE_WORKERS, "--workers", min=1, help="Worker processes."),
     fallbacks: str = typer.Option("stop", "--fallbacks", help="Fallbacks driven on the test tracks under every test family, acting on the monitor selected on the development families: stop, slow, cascade:RUN (a second controller while the alarm lasts), expert (privileged: an upper bound), or none."),
+    corruption_module: Optional[list[str]] = typer.Option(None, "--corruption-module", help="A module (dotted name or .py file) whose import registers corruption families, which --development and --test may then name; every worker imports it too. Repeatable."),
     resume: bool = typer.Option(False, "--resume", help="Keep the episodes already driven in --out."),
 ) -> None:
     """Monitors judged family by family: leave-one-family-out, a fixed development/test split, and the
     conformal false-alarm rate on tracks it was not fitted on."""
     check_output_folder(out)
+    modules = tuple(corruption_module or ())
+    if modules:  # the user's own families, named on this command line, before the families are checked
+        from nsacdrive.envs.corruptions import import_corruption_modules
+
+        import_corruption_modules(modules)
     seeds = {name: tuple(_seeds(text, f"--{name}-seeds")) for name, text in
              (("train", train_seeds), ("fit", fit_seeds), ("check", check_seeds), ("test", test_seeds))}
     try:
-        tracks = ProtocolTracks(**seeds)
         config = ProtocolConfig(development=tuple(split_names(development)), test=tuple(split_names(test)),
                                 severities=tuple(int(s) for s in split_names(severities)),
                                 monitor=MonitorConfig(threshold="conformal", false_alarm_rate=false_alarm_rate, confidence=confidence))
+        tracks = ProtocolTracks(**seeds)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     guards = [name for name in split_names(fallbacks) if name != "none"]
@@ -74,7 +81,8 @@ def protocol(
     from nsacdrive.eval.safety_protocol import drive_fallbacks, drive_protocol, judge_fallbacks, judge_protocol, to_terminal
 
     with folder_lock(out, "nsacdrive protocol"):
-        data = drive_protocol(str(run), tracks, config, out, resume=resume, batch=batch, workers=workers)
+        settings = {"batch": batch, "workers": workers, "drive": DriveConfig(corruption_modules=modules)}
+        data = drive_protocol(str(run), tracks, config, out, resume=resume, **settings)
         typer.echo(f"judging {sum(map(len, data.test.values()))} test-track and {sum(map(len, data.train.values()))} "
                    f"training-track episodes, {len(config.families)} folds …")
         result = {"run": str(run), "tracks": {name: list(values) for name, values in seeds.items()},
@@ -82,7 +90,7 @@ def protocol(
         if guards:
             typer.echo(f"fallbacks {', '.join(guards)} on the monitor selected on the development families: "
                        f"{result['split']['selected']} …")
-            drive_fallbacks(str(run), tracks, config, result["split"], guards, out, resume=resume, batch=batch, workers=workers)
+            drive_fallbacks(str(run), tracks, config, result["split"], guards, out, resume=resume, **settings)
             result["fallbacks"] = judge_fallbacks(out, config, guards)
         table = to_terminal(result)
         atomic_write_json(out / PROTOCOL_FILE, json_safe(result))

@@ -73,3 +73,14 @@ def test_reading_a_saved_drive_config_never_imports_its_modules(tmp_path):
     evil.write_text(f"open({str(marker)!r}, 'w').close()\n")
     drive = DriveConfig(corruption_modules=[str(evil)])
     assert drive.corruption_modules == (str(evil),) and not marker.exists()
+
+
+def test_the_protocol_takes_a_registered_family_on_either_side_of_the_split(tmp_path):
+    """``nsacdrive protocol --corruption-module`` imports the plugin before it checks the families: the
+    registered family is accepted (the command stops at the next refusal, the overlapping track sets)."""
+    command = [sys.executable, "-m", "nsacdrive.cli", "protocol", str(tmp_path / "run"), "--out", str(tmp_path / "p"),
+               "--development", "fog", "--test", "sticker", "--fit-seeds", "1000", "--corruption-module", str(PLUGIN)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "share seeds" in result.stderr and "sticker" not in result.stderr
+    without = subprocess.run(command[:-2], capture_output=True, text=True, timeout=300)
+    assert without.returncode == 2 and "shift family 'sticker'" in without.stderr
