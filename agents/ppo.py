@@ -579,7 +579,11 @@ class _JsonObject:
         return value
 
     def number(self, name: str) -> float:
-        return float(self.get(name, (int, float), "a number"))
+        """Field ``name``, a finite number (Python's JSON reader takes NaN and Infinity; a policy must not)."""
+        value = float(self.get(name, (int, float), "a finite number"))
+        if not math.isfinite(value):
+            raise self.error(name, "a finite number")
+        return value
 
     def flag(self, name: str) -> bool:
         return self.get(name, bool, "true or false")

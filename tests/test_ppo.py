@@ -387,6 +387,7 @@ BAD_EXPORTS = {
                      r"field 'weights_sha256' must be a sha256 hex digest \(64 lowercase hex digits\), got 'abc'"),
     "activation": (_set("policy", "activation_fn", "swish"), r"field 'policy\.activation_fn' must be one of tanh, relu, gelu, got 'swish'"),
     "flag-type": (_set("policy", "use_sde", "no"), r"field 'policy\.use_sde' must be true or false, got 'no'"),
+    "infinite-std": (_set("policy", "log_std_init", float("inf")), r"field 'policy\.log_std_init' must be a finite number, got inf"),
     "net-arch": (_set("policy", "net_arch", {"pi": [64, 64], "vf": [256, 256]}),
                  r"policy\.safetensors: tensor 'action_net\.weight' is torch\.float32 \[2, 256\], "
                  r"the architecture in policy\.json needs torch\.float32 \[2, 64\]"),
