@@ -154,6 +154,8 @@ class DriveConfig:
             raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
         if (self.monitor_score is None) != (self.monitor_threshold is None):
             raise ValueError("drive config monitor_score and monitor_threshold go together")
+        if self.monitor_threshold is not None and not np.isfinite(self.monitor_threshold):
+            raise ValueError(f"drive config monitor_threshold must be a finite number, got {self.monitor_threshold}")
         if isinstance(self.monitor_predictor, Mapping):  # as a saved config holds it
             object.__setattr__(self, "monitor_predictor", FailurePredictor.from_json(self.monitor_predictor, "drive config monitor_predictor"))
         if self.monitor_score is not None and self.monitor_score not in (*SCORES, PREDICTOR_SCORE):

@@ -225,6 +225,8 @@ def test_a_drive_config_refuses_a_fallback_without_a_monitor_and_unknown_scores(
         DriveConfig(monitor_score="luck", monitor_threshold=1.0)
     with pytest.raises(ValueError, match="go together"):
         DriveConfig(monitor_score="steer_std")
+    with pytest.raises(ValueError, match="monitor_threshold must be a finite number, got nan"):
+        DriveConfig(monitor_score="steer_std", monitor_threshold=float("nan"))
 
 
 def test_the_live_score_is_the_offline_score_of_the_same_log(run):
