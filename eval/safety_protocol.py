@@ -35,7 +35,7 @@ import numpy as np
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.eval.cascade_cost import cascade_history, cascade_share
-from nsacdrive.eval.failure_predictor import PREDICTOR_SCORE, PRIVILEGED_SCORES, fit_predictor, with_predictor
+from nsacdrive.eval.failure_predictor import fit_predictor, with_predictor
 from nsacdrive.eval.monitor import (
     EpisodeScores,
     MonitorConfig,
@@ -45,6 +45,7 @@ from nsacdrive.eval.monitor import (
     frame_metrics,
     nominal_windows,
 )
+from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, PRIVILEGED_SCORES, FailurePredictor
 from nsacdrive.eval.protocol_config import ProtocolConfig, ProtocolTracks
 from nsacdrive.eval.results import load_episode, load_records
 
@@ -122,17 +123,15 @@ def judge_fold(data: ProtocolData, held_out: Sequence[str], config: ProtocolConf
             "predictor": asdict(predictor), "families": families}
 
 
-def false_alarm_check(data: ProtocolData, config: ProtocolConfig) -> dict[str, Any]:
-    """Per score: the threshold fitted on the fitting tracks' clean laps, and the share of one-second
-    windows that alarm on clean laps of the test tracks and of the check tracks (the target: at most
-    ``false_alarm_rate``, with probability ``confidence`` for the conformal threshold)."""
-    predictor = fit_predictor([*data.train.get(NOMINAL, []), *itertools.chain.from_iterable(
-        data.train.get(f, []) for f in config.development)], config.predictor)
-    fit = with_predictor(data.fit, predictor)
+def false_alarm_check(data: ProtocolData, split: dict[str, Any]) -> dict[str, Any]:
+    """Per score, with the fixed split's thresholds (fitted on the fitting tracks' clean laps) and
+    predictor: the share of one-second windows that alarm on clean laps of the test tracks and of the
+    check tracks (the target: at most ``false_alarm_rate``, with probability ``confidence`` for the
+    conformal threshold)."""
+    predictor = FailurePredictor.from_json(split["predictor"], "the split's predictor")
     track_sets = {"test tracks": with_predictor(data.test.get(NOMINAL, []), predictor), "check tracks": with_predictor(data.check, predictor)}
     out = {}
-    for name in candidate_scores([*fit, *itertools.chain.from_iterable(track_sets.values())]):
-        threshold = fit_threshold(name, fit, config.monitor)[0]
+    for name, threshold in split["thresholds"].items():
         rates = {}
         for label, laps in track_sets.items():
             windows = [e.scores[name][a:b].max() > threshold for e in laps for a, b in nominal_windows(e, FPS)]
@@ -144,12 +143,12 @@ def false_alarm_check(data: ProtocolData, config: ProtocolConfig) -> dict[str, A
 def judge_protocol(data: ProtocolData, config: ProtocolConfig) -> dict[str, Any]:
     """The whole judgement: leave-one-family-out over every family, the fixed development/test split,
     and the false-alarm check."""
+    split = judge_fold(data, list(config.test), config)
     return {"config": {**asdict(config), "monitor": {**asdict(config.monitor), "events": asdict(config.monitor.events)}},
             "episodes": {"fit": len(data.fit), "check": len(data.check),
                          "train": {f: len(v) for f, v in data.train.items()}, "test": {f: len(v) for f, v in data.test.items()}},
             "leave_one_family_out": {f: judge_fold(data, [f], config) for f in config.families},
-            "split": judge_fold(data, list(config.test), config),
-            "false_alarms": false_alarm_check(data, config)}
+            "split": split, "false_alarms": false_alarm_check(data, split)}
 
 
 # --------------------------------------------------------------------------- summaries
@@ -241,8 +240,6 @@ def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fa
     """``drive`` watched by the split's selected monitor (fitted on the development families alone) with
     ``fallback`` (a name of :data:`~nsacdrive.eval.modes.FALLBACKS`, or ``cascade:RUN``)."""
     from dataclasses import replace
-
-    from nsacdrive.eval.predictor_features import FailurePredictor
 
     name = split["selected"]
     predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if name == PREDICTOR_SCORE else None
