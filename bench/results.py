@@ -494,6 +494,18 @@ def write_results(study: str, title: str, tables: list[dict[str, Any]], provenan
     return path
 
 
+def put_table(study: str, table: dict[str, Any], root: Path = REPO) -> Path:
+    """Add ``table`` (with its own provenance) to ``results/<study>.json``, replacing the table of the same
+    name, validated and written atomically; returns the file's path."""
+    layout = Layout.of(root)
+    path = layout.results / f"{study}.json"
+    data = load_study(path, layout)
+    data["tables"] = [t for t in data["tables"] if t["name"] != table["name"]] + [table]
+    validate_study(data, study, f"results/{study}.json")
+    atomic_write_json(path, data)
+    return path
+
+
 def _git(root: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)

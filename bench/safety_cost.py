@@ -23,6 +23,7 @@ import numpy as np
 
 from bench.closed_loop_speed import untrained_run
 from bench.common import print_table, save_results
+from bench.results import Layout, current_provenance, put_table, render
 from nsacdrive.eval.closed_loop import DriveConfig, EvalConfig, evaluate_closed_loop
 from nsacdrive.eval.monitor_scores import SCORES
 from nsacdrive.eval.predictor_features import FEATURES, FailurePredictor
@@ -63,10 +64,23 @@ def timed(run: Path, drive: DriveConfig, seeds: tuple[int, ...]) -> float:
 
 
 
+def results_table(rows: list[tuple[str, str]], seeds: tuple[int, ...], rounds: int, args: argparse.Namespace) -> dict:
+    """The table for ``results/benchmarks.json``, with this run's provenance."""
+    command = "python -m bench.safety_cost" + (f" --run {args.run}" if args.run else "") + (" --quick" if args.quick else "") + " --results"
+    machine = current_provenance([command], [ROOT / "configs" / "quality.json"] if not args.run else [], [])
+    return {"name": "Safety layer on nominal driving", "provenance": machine,
+            "caption": (f"`bench.safety_cost`: {len(seeds)} held-out tracks × {STEPS} steps in one lockstep group, inline; "
+                        f"seconds and the ratio to the controller alone, median of {rounds} alternated rounds (the rounds' range). "
+                        "The monitors compute every step; the fallback is armed on a threshold no score reaches."),
+            "columns": ["side", "seconds, ratio"], "rows": [list(row) for row in rows]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="a run folder (calibrated for the density); default: an untrained quality run")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and tracks (a smoke run)")
+    parser.add_argument("--results", action="store_true",
+                        help="also put the table, with this machine's provenance, into results/benchmarks.json")
     args = parser.parse_args()
     rounds, seeds = (2, (42, 1000)) if args.quick else (5, (42, 1000, 1001, 1002))
     with tempfile.TemporaryDirectory() as folder:
@@ -85,6 +99,9 @@ def main() -> None:
         rows.append((name, f"{statistics.median(times):.2f} s, ×{statistics.median(ratios):.3f} "
                            f"(rounds ×{min(ratios):.3f}–{max(ratios):.3f})"))
     print_table(f"safety layer on nominal driving: {len(seeds)} tracks × {STEPS} steps, median of {rounds} rounds", rows)
+    if args.results:
+        put_table("benchmarks", results_table(rows, seeds, rounds, args), ROOT)
+        render(Layout.of(ROOT))
     save_results("safety_cost", args.quick, {"run": str(args.run) if args.run else "untrained quality recipe",
                                              "tracks": list(seeds), "steps": STEPS, "rounds": rounds, **results})
 

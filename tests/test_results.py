@@ -175,3 +175,16 @@ def test_write_results_fills_provenance_from_this_machine(tmp_path: Path):
     assert results.load_study(path, Layout.of(tmp_path))["tables"] == [table]
     with pytest.raises(results.ResultsError, match="configs/missing.json: config not found"):
         results.current_provenance(["c"], ["configs/missing.json"], [], root=tmp_path)
+
+
+def test_put_table_adds_or_replaces_one_table_with_its_own_provenance(layout: Layout):
+    provenance = results.current_provenance(["python -m bench.safety_cost --results"], [], [], root=layout.root)
+    table = {"name": "Safety layer on nominal driving", "caption": "", "columns": ["side", "seconds, ratio"],
+             "rows": [["controller alone", "1.00 s, ×1.000"]], "provenance": provenance}
+    before = results.load_study(layout.results / "benchmarks.json", layout)["tables"]
+    results.put_table("benchmarks", table, root=layout.root)
+    results.put_table("benchmarks", {**table, "rows": [["controller alone", "2.00 s, ×1.000"]]}, root=layout.root)
+    after = results.load_study(layout.results / "benchmarks.json", layout)["tables"]
+    assert after[:-1] == before and after[-1]["rows"] == [["controller alone", "2.00 s, ×1.000"]]
+    with pytest.raises(results.ResultsError):
+        results.put_table("benchmarks", {**table, "rows": [["run on 2026-01-01", 1]]}, root=layout.root)
