@@ -49,7 +49,8 @@ The README's headline table (between ``<!-- results:headline:start -->`` and
 :data:`HEADLINE`: closed-loop laps of the quality recipe (without and with pedal caution) and of
 the demo recipe across training seeds, the Lévy quality recipe over five seeds, the front camera
 with pedal caution, the eight-model comparison's clean steering CRPS of NSAC and of the best
-model, the misbehaviour monitor's F3 and the density fallback's prevented failures. Each row links
+model, the misbehaviour monitor's F3 and the density fallback's prevented failures, and the safety
+protocol's leave-one-family-out F3 and its `stop` fallback. Each row links
 to its study's page, where the provenance is; the headline itself holds none.
 """
 
@@ -116,6 +117,10 @@ HEADLINE = (
                 "30-epoch hinge runs: monitors", "density over tokens", ("seeds 0, 1, 2 (mean ± std)",)),
     HeadlineRow("Expert fallback on the density over tokens + convolutions, failures prevented", "misbehaviour",
                 "30-epoch hinge runs: expert fallback", "over tokens + convolutions", ("prevented",)),
+    HeadlineRow("Safety protocol, demo recipe, leave one family out (families nobody tuned to)", "safety-protocol",
+                "Leave one family out", "**pooled, mean ± std**", ("F3 at 1 s", "F3 at 3 s", "FPR (1 s, clean laps)")),
+    HeadlineRow("… the `stop` fallback on the test families (nothing privileged)", "safety-protocol", "Fallback stop",
+                "**all test families**", ("prevented", "ended safely")),
 )
 
 

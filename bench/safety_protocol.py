@@ -154,6 +154,19 @@ def fallback_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dic
     return tables
 
 
+def nominal_table(folders: list[Path], seeds: list[int]) -> dict[str, Any]:
+    """Per seed: how each controller drove the clean laps of the test tracks, unguarded (read from the
+    protocol folder's evaluation): a controller that fails without any shift fails under every family too."""
+    rows = []
+    for folder, seed in zip(folders, seeds):
+        aggregates = json.loads((folder / "test-corrupted" / "aggregates.json").read_text())["aggregates"]
+        clean = next(r for r in aggregates if r["corruption"] == "none" and r["colour_preset"] == "default")
+        rows.append([str(seed), f"{clean['laps']} of {clean['episodes']}", clean["off_road_events"], f"{clean['score_mean']:.1f}"])
+    return {"name": "Clean laps of the test tracks",
+            "caption": "Each training seed's controller on the test tracks without any shift and without a monitor.",
+            "columns": ["training seed", "laps", "off-road events", "mean score"], "rows": rows}
+
+
 def study_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
     config = results[0]["config"]
     families, test = list(config["development"]) + list(config["test"]), set(config["test"])
@@ -180,20 +193,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], help="the recipe's config file(s), for the stale check")
     parser.add_argument("--out", type=Path, default=Path("runs/protocol"), help="one protocol folder per seed under it")
     parser.add_argument("--study", default="safety-protocol")
+    parser.add_argument("--made-with", action="append", default=[],
+                        help="a command that made the runs (training, DAgger, calibration), recorded first in the provenance")
+    parser.add_argument("--written", action="store_true",
+                        help="read the protocol folders as an earlier call left them, without running the protocol again")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if len(seeds) != len(args.runs):
         parser.error(f"--seeds: {len(seeds)} seeds for {len(args.runs)} runs")
-    commands, results = [], []
+    commands, results = list(args.made_with), []
     for run, seed in zip(args.runs, seeds):
         command = [NSACDRIVE, "protocol", str(run), "--out", str(args.out / f"s{seed}"), "--resume", *extra]
-        subprocess.run(command, check=True)
+        if not args.written:
+            subprocess.run(command, check=True)
         commands.append(shlex.join(["nsacdrive", *command[1:]]))
         results.append(json.loads((args.out / f"s{seed}" / "protocol.json").read_text()))
-    commands.append(shlex.join(["python", "-m", "bench.safety_protocol", *argv, *(["--", *extra] if extra else [])]))
+    own = [a for i, a in enumerate(argv) if a != "--written" and a != "--made-with" and (i == 0 or argv[i - 1] != "--made-with")]
+    commands.append(shlex.join(["python", "-m", "bench.safety_protocol", *own,
+                                *(["--", *extra] if extra else [])]))
     provenance = current_provenance(commands, args.config, seeds)
-    path = write_results(args.study, "The safety protocol: monitors on shift families nobody tuned them to",
-                         study_tables(results, seeds), provenance)
+    tables = [nominal_table([args.out / f"s{seed}" for seed in seeds], seeds), *study_tables(results, seeds)]
+    path = write_results(args.study, "The safety protocol: monitors on shift families nobody tuned them to", tables, provenance)
     render(Layout.of(REPO))
     print(f"→ {path}")
     return 0

@@ -179,7 +179,7 @@ def test_write_results_fills_provenance_from_this_machine(tmp_path: Path):
 
 def test_put_table_adds_or_replaces_one_table_with_its_own_provenance(layout: Layout):
     provenance = results.current_provenance(["python -m bench.safety_cost --results"], [], [], root=layout.root)
-    table = {"name": "Safety layer on nominal driving", "caption": "", "columns": ["side", "seconds, ratio"],
+    table = {"name": "A table of the test", "caption": "", "columns": ["side", "seconds, ratio"],
              "rows": [["controller alone", "1.00 s, ×1.000"]], "provenance": provenance}
     before = results.load_study(layout.results / "benchmarks.json", layout)["tables"]
     results.put_table("benchmarks", table, root=layout.root)
