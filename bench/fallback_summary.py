@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.common import spread_cell
 from nsacdrive.eval.misbehaviour import misbehaviour_events
-from nsacdrive.eval.results import clean_conditions, load_episode, load_records
+from nsacdrive.eval.results import clean_conditions, load_log, load_records
 
 Key = tuple[str, str, int, int]
 
@@ -68,7 +68,7 @@ def load_episodes(eval_dirs: Sequence[Path]) -> dict[Key, Episode]:
         for record in load_records(eval_dir):
             if record["failed"]:
                 continue
-            _, arrays = load_episode(eval_dir, record["episode_id"])
+            arrays = load_log(eval_dir, record)
             key = episode_key(record)
             if key in out:
                 raise ValueError(f"{eval_dir}: episode {key} appears twice among {', '.join(map(str, eval_dirs))}")

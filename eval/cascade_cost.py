@@ -12,9 +12,10 @@ from typing import Any
 def cascade_history(run: str | Path) -> int:
     """Frames a run's controller keeps per episode: (sequence length − 1) · stride + 1."""
     from nsacdrive.controllers.run import read_run_config
+    from nsacdrive.data_collection.dataset import sequence_offsets
 
     config = read_run_config(run)
-    return (config.sequence_length - 1) * config.frame_stride + 1
+    return 1 - int(sequence_offsets(config.sequence_length, config.frame_stride)[0])  # as ControllerPolicy keeps them
 
 
 def cascade_share(records: Sequence[dict[str, Any]], history: int) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 from nsacdrive.envs.car_racing import FPS
 from nsacdrive.eval.closed_loop import SAFE_STOP
 from nsacdrive.eval.misbehaviour import Event, misbehaviour_events
-from nsacdrive.eval.results import condition_label, load_episode, load_records
+from nsacdrive.eval.results import condition_label, load_log, load_records
 
 #: the widest line these tables write
 LINE_WIDTH = 100
@@ -34,7 +34,7 @@ def _what_happened(eval_dir: Path, record: dict[str, Any]) -> tuple[str, bool]:
     """The episode's events (or its fault) as text, and whether it misbehaved or faulted."""
     if record["failed"]:
         return f"fault: {record['reason']}", True
-    _, arrays = load_episode(eval_dir, record["episode_id"])
+    arrays = load_log(eval_dir, record)
     events = misbehaviour_events(arrays, record["reason"])
     text = describe_events(events)
     fallback = float(record.get("fallback_fraction", 0.0))

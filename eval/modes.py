@@ -10,6 +10,16 @@ OFFLINE_SPLITS = ("test", "val")
 DENSITY_SAMPLES = 8192
 #: What ``nsacdrive eval --fallback`` does on a monitor alarm (``eval/closed_loop.py``).
 FALLBACKS = ("none", "slow", "stop", "cascade", "expert")
+
+
+def parse_fallback(spec: str) -> tuple[str, str | None]:
+    """A fallback as the command line names it: a name of :data:`FALLBACKS`, or ``cascade:RUN`` →
+    (``cascade``, RUN); ValueError for anything else."""
+    name, _, run = spec.partition(":")
+    if name not in FALLBACKS or (name == "cascade") != bool(run):
+        raise ValueError(f"expected one of {', '.join(f for f in FALLBACKS if f != 'cascade')} or cascade:RUN, got {spec!r}")
+    return name, run or None
+
 #: How ``nsacdrive monitor`` sets each score's alarm threshold (``eval/monitor.py``), and the one to use:
 #: at a fixed rate of nominal 1 s windows, the setting of every published monitor result.
 MONITOR_THRESHOLDS = ("window-rate", "gamma", "conformal")

@@ -52,7 +52,7 @@ from nsacdrive.envs.geometry import TrackGeometry
 from nsacdrive.eval.configs import MonitorConfig  # torch-free there: the command line reads its defaults
 from nsacdrive.eval.misbehaviour import Event, misbehaviour_events, true_runs
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, SCORES, score_inputs, smooth
-from nsacdrive.eval.results import EvaluationError, clean_conditions, load_episode, load_records
+from nsacdrive.eval.results import EvaluationError, clean_conditions, load_log, load_records
 
 # --------------------------------------------------------------------------- scores
 
@@ -112,7 +112,7 @@ def load_scores(eval_dirs: Sequence[Path], config: MonitorConfig) -> tuple[list[
             if record["failed"]:
                 skipped.append(record["episode_id"])
                 continue
-            _, arrays = load_episode(eval_dir, record["episode_id"])
+            arrays = load_log(eval_dir, record)
             out.append(episode_scores(record, arrays, config))
     return out, skipped
 

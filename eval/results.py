@@ -66,11 +66,16 @@ def load_records(eval_dir: Path) -> list[dict[str, Any]]:
 
 def load_episode(eval_dir: Path, episode_id: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The record and per-step arrays of one finished (not failed) episode."""
-    folder = Path(eval_dir) / "episodes"
-    record = _read_json(folder / f"{episode_id}.json")
+    record = _read_json(Path(eval_dir) / "episodes" / f"{episode_id}.json")
+    return record, load_log(eval_dir, record)
+
+
+def load_log(eval_dir: Path, record: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The per-step arrays of the finished (not failed) episode whose record (:func:`load_records`) is ``record``."""
+    episode_id = record["episode_id"]
     if record["failed"]:
         raise EvaluationError(f"{episode_id}: the episode failed ({record['reason']}); it has no per-step log")
-    path = folder / f"{episode_id}.npz"
+    path = Path(eval_dir) / "episodes" / f"{episode_id}.npz"
     try:
         with np.load(path) as data:
             arrays = {name: data[name] for name in data.files}
@@ -82,7 +87,7 @@ def load_episode(eval_dir: Path, episode_id: str) -> tuple[dict[str, Any], dict[
     missing = [name for name in LOG_FIELDS if name not in arrays]
     if missing:
         raise EvaluationError(f"{path}: the per-step log lacks {', '.join(missing)}; re-run `nsacdrive eval` with this version")
-    return record, arrays
+    return arrays
 
 
 def _read_json(path: Path, missing: str = "episode record not found") -> dict[str, Any]:

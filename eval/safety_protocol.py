@@ -36,6 +36,7 @@ from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.eval.cascade_cost import cascade_history, cascade_share
 from nsacdrive.eval.failure_predictor import fit_predictor, with_predictor
+from nsacdrive.eval.modes import parse_fallback
 from nsacdrive.eval.monitor import (
     EpisodeScores,
     MonitorConfig,
@@ -47,7 +48,7 @@ from nsacdrive.eval.monitor import (
 )
 from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, PRIVILEGED_SCORES, FailurePredictor
 from nsacdrive.eval.protocol_config import ProtocolConfig, ProtocolTracks
-from nsacdrive.eval.results import load_episode, load_records
+from nsacdrive.eval.results import load_log, load_records
 
 #: the family of clean episodes (default colours, no corruption)
 NOMINAL = "none"
@@ -78,7 +79,7 @@ def load_family_episodes(eval_dirs: Iterable[Path], config: MonitorConfig) -> di
         for record in load_records(eval_dir):
             if record["failed"]:
                 continue
-            _, arrays = load_episode(eval_dir, record["episode_id"])
+            arrays = load_log(eval_dir, record)
             out.setdefault(family_of(record), []).append((record, episode_scores(record, arrays, config)))
     return out
 
@@ -115,9 +116,9 @@ def judge_fold(data: ProtocolData, held_out: Sequence[str], config: ProtocolConf
     selected = max(names, key=lambda name: selection[name])  # the first best in candidate order
     families = {}
     for family in held_out:
-        episodes = [*with_predictor(data.test.get(family, []), predictor), *nominal]
-        families[family] = {"episodes": len(episodes) - len(nominal),
-                            "failures": sum(len(e.events) for e in episodes[: len(episodes) - len(nominal)]),
+        shifted = with_predictor(data.test.get(family, []), predictor)
+        episodes = [*shifted, *nominal]
+        families[family] = {"episodes": len(shifted), "failures": sum(len(e.events) for e in shifted),
                             "scores": {name: _judge(episodes, name, thresholds[name], config.monitor) for name in names}}
     return {"development": development, "selected": selected, "selection_f3": selection, "thresholds": thresholds,
             "predictor": asdict(predictor), "families": families}
@@ -233,7 +234,7 @@ def drive_protocol(run: str, tracks: ProtocolTracks, config: ProtocolConfig, out
 
 def fallback_label(fallback: str) -> str:
     """A fallback's name in folders and tables: ``cascade:RUN`` → ``cascade``."""
-    return fallback.partition(":")[0]
+    return parse_fallback(fallback)[0]
 
 
 def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fallback: str) -> Any:
@@ -241,11 +242,12 @@ def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fa
     ``fallback`` (a name of :data:`~nsacdrive.eval.modes.FALLBACKS`, or ``cascade:RUN``)."""
     from dataclasses import replace
 
-    name = split["selected"]
-    predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if name == PREDICTOR_SCORE else None
-    return replace(drive, monitor_score=name, monitor_threshold=float(split["thresholds"][name]),
+    score = split["selected"]
+    name, run = parse_fallback(fallback)
+    predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if score == PREDICTOR_SCORE else None
+    return replace(drive, monitor_score=score, monitor_threshold=float(split["thresholds"][score]),
                    monitor_smooth=config.monitor.smooth_steps, monitor_warmup=config.monitor.warmup_steps,
-                   monitor_predictor=predictor, fallback=fallback_label(fallback), fallback_run=fallback.partition(":")[2] or None)
+                   monitor_predictor=predictor, fallback=name, fallback_run=run)
 
 
 def drive_fallbacks(run: str, tracks: ProtocolTracks, config: ProtocolConfig, split: dict[str, Any], fallbacks: Sequence[str],
@@ -299,7 +301,7 @@ def judge_fallbacks(out: Path, config: ProtocolConfig, fallbacks: Sequence[str])
             "lap_time_ratio": float(lap_steps[1] / lap_steps[0]) if np.isfinite(lap_steps).all() else None}}
         if fallback == "cascade":
             pairs = [pair for family in (NOMINAL, *config.test) for pair in guarded.get(family, [])]
-            history = cascade_history(spec.partition(":")[2])
+            history = cascade_history(parse_fallback(spec)[1])
             out_of[fallback]["cascade_compute"] = cascade_share([record for record, _ in pairs], history)
     return out_of
 

@@ -41,12 +41,12 @@ from nsacdrive.eval.configs import (
 from nsacdrive.eval.modes import (
     DEFAULT_MONITOR_SCORE,
     DENSITY_SAMPLES,
-    FALLBACKS,
     INFERENCE_MODES,
     MONITOR_THRESHOLDS,
     OFFLINE_SPLITS,
+    parse_fallback,
 )
-from nsacdrive.options import choice, config_default, old_spelling, renamed, split_names
+from nsacdrive.options import choice, config_default, old_spelling, renamed, seed_list, split_names
 from nsacdrive.outputs import check_output_file, check_output_folder
 from nsacdrive.protocol_cli import protocol
 from nsacdrive.run_loading import WORKER_TASKS_MODULE
@@ -117,12 +117,7 @@ app.command("protocol")(protocol)
 
 
 def _seeds(text: str, argument: str = "--seeds") -> list[int]:
-    from nsacdrive.common.seeds import parse_seeds
-
-    try:
-        return parse_seeds(text, argument)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    return seed_list(text, argument)
 
 
 def _presets(text: str) -> list[str]:
@@ -641,14 +636,13 @@ def _check_monitor_inputs(loaded: dict[Path, tuple[Any, Any]], score: str) -> No
 
 def _fallback_spec(fallback: str) -> tuple[str, str | None]:
     """``--fallback``: a fallback's name, or ``cascade:RUN`` → (``cascade``, RUN), the run checked now."""
-    name, _, run = fallback.partition(":")
-    if name == "cascade" and run:
+    try:
+        name, run = parse_fallback(fallback)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fallback") from None
+    if run is not None:
         _load_runs([Path(run)], announce=False)
-        return name, run
-    if name not in FALLBACKS or run or name == "cascade":
-        raise typer.BadParameter(f"expected one of {', '.join(f for f in FALLBACKS if f != 'cascade')} or cascade:RUN, got {fallback!r}",
-                                 param_hint="--fallback")
-    return name, None
+    return name, run
 
 
 def _monitor_settings(monitor_dir: Path, score: str) -> dict[str, Any]:

@@ -43,3 +43,14 @@ def config_default(config: type, name: str) -> Any:
     config that owns it, so ``--help`` and the config cannot disagree."""
     field = next(f for f in dataclasses.fields(config) if f.name == name)
     return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def seed_list(text: str, flag: str = "--seeds", hint: bool = False) -> list[int]:
+    """Seeds of a command-line option (:func:`nsacdrive.common.seeds.parse_seeds`), a bad list refused
+    as a usage error (with ``hint``, one that names ``flag``)."""
+    from nsacdrive.common.seeds import parse_seeds
+
+    try:
+        return parse_seeds(text, flag)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag if hint else None) from None

@@ -8,28 +8,22 @@ from typing import Optional
 import typer
 
 from nsacdrive.common.folder_lock import folder_lock
-from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.eval.configs import COMMAND_LINE_WORKERS, DriveConfig, MonitorConfig
-from nsacdrive.eval.modes import FALLBACKS
+from nsacdrive.eval.modes import parse_fallback
 from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig, ProtocolTracks
-from nsacdrive.options import config_default, split_names
+from nsacdrive.options import config_default, seed_list, split_names
 from nsacdrive.outputs import check_output_folder
 from nsacdrive.run_loading import WORKER_TASKS_MODULE, load_runs
 
 PROTOCOL_FILE = "protocol.json"
 
 
-def _seeds(text: str, flag: str) -> list[int]:
-    try:
-        return parse_seeds(text, flag)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag) from None
-
-
 def _known_fallback(spec: str) -> bool:
-    """A fallback of ``--fallbacks``: a name of FALLBACKS, with a run exactly when it is ``cascade:RUN``."""
-    name, _, run = spec.partition(":")
-    return name in FALLBACKS and (name == "cascade") == bool(run)
+    try:
+        parse_fallback(spec)
+    except ValueError:
+        return False
+    return True
 
 
 def protocol(
@@ -58,7 +52,7 @@ def protocol(
         from nsacdrive.envs.corruptions import import_corruption_modules
 
         import_corruption_modules(modules)
-    seeds = {name: tuple(_seeds(text, f"--{name}-seeds")) for name, text in
+    seeds = {name: tuple(seed_list(text, f"--{name}-seeds", hint=True)) for name, text in
              (("train", train_seeds), ("fit", fit_seeds), ("check", check_seeds), ("test", test_seeds))}
     try:
         config = ProtocolConfig(development=tuple(split_names(development)), test=tuple(split_names(test)),
@@ -70,7 +64,7 @@ def protocol(
     guards = [name for name in split_names(fallbacks) if name != "none"]
     if unknown := [name for name in guards if not _known_fallback(name)]:
         raise typer.BadParameter(f"unknown fallbacks {', '.join(unknown)}: expected some of stop, slow, cascade:RUN, expert", param_hint="--fallbacks")
-    load_runs([Path(name.partition(":")[2]) for name in guards if name.startswith("cascade:")], announce=False)
+    load_runs([Path(run) for _, run in map(parse_fallback, guards) if run is not None], announce=False)
     load_runs([run])  # a folder that is no run is refused before anything is driven
     if workers > 1:
         from nsacdrive.common.workers import start_worker_server
