@@ -21,7 +21,7 @@ import numpy as np
 
 from nsacdrive.envs.front_camera import CameraConfig, FrontCamera, FrontCameraPalette
 from nsacdrive.envs.udacity_style import make_udacity_style
-from nsacdrive.eval.results import load_log, load_records
+from nsacdrive.eval.results import load_episode, load_records
 
 ROAD_COLOUR_TOLERANCE = 12.0  # RGB distance from a road shade still counted as road (anti-aliased edges)
 OUT_OF_VIEW = 0.01  # road share of the frame below which the road counts as out of view
@@ -43,7 +43,7 @@ def road_share(frame: np.ndarray, palette: FrontCameraPalette) -> float:
 def view_at_failure(eval_folder: Path, record: dict[str, Any], cameras: dict[float, FrontCamera], lateral: float,
                     before: int) -> dict[float, float] | None:
     """Road share per field of view, ``before`` steps before the episode first left the road (None: it never did)."""
-    log = load_log(eval_folder, record)
+    _, log = load_episode(eval_folder, record["episode_id"])
     off_road = np.flatnonzero(np.abs(log["lateral_error"]) > lateral)
     actions = log["executed_action"]
     if off_road.size == 0:
