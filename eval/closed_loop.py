@@ -64,6 +64,7 @@ from nsacdrive.eval.configs import (  # torch-free there: the command line reads
     corruption_of,
 )
 from nsacdrive.eval.driver import ControllerInterface, ControllerPolicy
+from nsacdrive.eval.hand_back import HandBack, release_level
 from nsacdrive.eval.monitor_scores import CURVATURE_DISTANCES, LiveMonitor
 from nsacdrive.eval.predictor_features import LivePredictor
 
@@ -142,28 +143,6 @@ def live_monitor(drive: DriveConfig) -> LiveMonitor | LivePredictor | None:
     return LiveMonitor(drive.monitor_score, drive.monitor_threshold, drive.monitor_smooth, drive.monitor_warmup)  # type: ignore[arg-type]
 
 
-@dataclass
-class HandBack:
-    """When the fallback acts: from an alarm until the smoothed score has stayed at or below
-    ``release`` for ``clear_steps`` steps in a row (hysteresis: ``release`` at or below the alarm
-    threshold), or for good with ``latch`` (``--fallback stop``)."""
-
-    clear_steps: int
-    release: float
-    latch: bool = False
-    active: bool = False
-    clear: int = 0
-
-    def update(self, score: float, alarm: bool) -> bool:
-        """Whether the fallback acts at this step, given its score and whether it alarms."""
-        if alarm:
-            self.active, self.clear = True, 0
-        elif self.active and not self.latch:
-            self.clear = self.clear + 1 if score <= self.release else 0
-            self.active = self.clear < self.clear_steps
-        return self.active
-
-
 @dataclass(frozen=True)
 class PredictionRows:
     """A lockstep group's prediction as numpy arrays, one row per episode: converted once per step
@@ -220,7 +199,7 @@ class EpisodeDrive:
         self.monitor = live_monitor(drive)
         self.safe_stop = False  # ``--fallback stop`` brought the car to a standstill on the road
         threshold = drive.monitor_threshold or 0.0
-        self.hand_back = HandBack(drive.fallback_steps, threshold - (1.0 - drive.fallback_release) * abs(threshold),
+        self.hand_back = HandBack(drive.fallback_steps, release_level(threshold, drive.fallback_release),
                                   latch=drive.fallback == "stop")
         self.alarming = False
         self.alarms = 0

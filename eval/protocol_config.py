@@ -56,6 +56,8 @@ class ProtocolConfig:
     selection_window_s: int = 1
     monitor: MonitorConfig = field(default_factory=lambda: MonitorConfig(threshold="conformal"))
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    hold_candidates_s: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 3.0)  # the fallbacks' hand-back holds to choose from
+    nominal_fallback_budget: float = 0.02  # the longest hold whose fallback covers at most this share of nominal steps
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "development", tuple(check_family(f) for f in self.development))
@@ -67,6 +69,10 @@ class ProtocolConfig:
             raise ValueError("protocol config: give at least one development and one test family")
         if not self.severities or not set(self.severities) <= set(SEVERITIES):
             raise ValueError(f"protocol config severities: expected some of {SEVERITIES}, got {self.severities}")
+        object.__setattr__(self, "hold_candidates_s", tuple(self.hold_candidates_s))
+        if not self.hold_candidates_s or not all(h > 0 for h in self.hold_candidates_s) or not 0 < self.nominal_fallback_budget <= 1:
+            raise ValueError("protocol config: hold_candidates_s must be positive seconds and nominal_fallback_budget in (0, 1], got "
+                             f"{self.hold_candidates_s} and {self.nominal_fallback_budget}")
         if self.selection_window_s not in self.monitor.windows_s:
             raise ValueError(f"protocol config selection_window_s {self.selection_window_s} is not one of the monitor's "
                              f"windows {self.monitor.windows_s}")

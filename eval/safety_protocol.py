@@ -13,7 +13,10 @@ What is fitted, and on what:
 * **the learned failure predictor** (:mod:`nsacdrive.eval.failure_predictor`): on logs of
   *training* tracks, clean and under the development families;
 * **the selected monitor**: among the candidates (every non-privileged score and the predictor),
-  the one with the best F3 at ``selection_window_s`` on those same training-track logs.
+  the one with the best F3 at ``selection_window_s`` on those same training-track logs;
+* **the fallbacks' hand-back hold** (:func:`nsacdrive.eval.hand_back.choose_hold`): the longest
+  candidate whose fallback, replayed on the selected monitor's scores, would have covered at most
+  ``nominal_fallback_budget`` of the fitting tracks' nominal steps.
 
 What is judged: the episodes of the *test* tracks under the held-out family (failures, alarms on
 shifted-but-not-failing windows, frame AUROC), with the clean laps of the test tracks as the
@@ -36,6 +39,7 @@ from nsacdrive.envs.car_racing import FPS
 from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.eval.cascade_cost import cascade_history, cascade_share
 from nsacdrive.eval.failure_predictor import fit_predictor, with_predictor
+from nsacdrive.eval.hand_back import choose_hold
 from nsacdrive.eval.modes import parse_fallback
 from nsacdrive.eval.monitor import (
     EpisodeScores,
@@ -114,6 +118,7 @@ def judge_fold(data: ProtocolData, held_out: Sequence[str], config: ProtocolConf
     window = config.selection_window_s
     selection = {name: count_windows(train, name, thresholds[name], window).f3 or 0.0 for name in names}
     selected = max(names, key=lambda name: selection[name])  # the first best in candidate order
+    hold = choose_hold(train, fit, selected, thresholds[selected], config.hold_candidates_s, config.nominal_fallback_budget)
     families = {}
     for family in held_out:
         shifted = with_predictor(data.test.get(family, []), predictor)
@@ -121,7 +126,7 @@ def judge_fold(data: ProtocolData, held_out: Sequence[str], config: ProtocolConf
         families[family] = {"episodes": len(shifted), "failures": sum(len(e.events) for e in shifted),
                             "scores": {name: _judge(episodes, name, thresholds[name], config.monitor) for name in names}}
     return {"development": development, "selected": selected, "selection_f3": selection, "thresholds": thresholds,
-            "predictor": asdict(predictor), "families": families}
+            "hand_back": hold.to_dict(), "predictor": asdict(predictor), "families": families}
 
 
 def false_alarm_check(data: ProtocolData, split: dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +188,13 @@ def to_terminal(result: dict[str, Any]) -> str:
         lines.append(f"{row['family'][:18]:<19}{'dev' if row['development'] else 'test':<5}{row['monitor'][:17]:<18}"
                      f"{row['failures']:>5}" + "".join(f"{_cell(row['windows'][w]['f3']):>7}" for w in windows)
                      + f"{_cell(first['fpr']):>6}{_cell(first['fpr_shifted']):>7}")
+    if result.get("fallbacks"):
+        hold = result["split"]["hand_back"]
+        chosen = next(c for c in hold["candidates"] if c["steps"] == hold["clear_steps"])
+        lines.append("")
+        lines.append(f"hand-back after {_cell(hold['hold_s'])} s clear, chosen on the development families: "
+                     f"{_cell(chosen['nominal_share'], 3)} of the fitting tracks' nominal steps under it, "
+                     f"{_cell(chosen['covered'])} of their failure onsets")
     for fallback, judged in result.get("fallbacks", {}).items():
         nominal = judged["nominal"]
         lines.append("")
@@ -239,7 +251,8 @@ def fallback_label(fallback: str) -> str:
 
 def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fallback: str) -> Any:
     """``drive`` watched by the split's selected monitor (fitted on the development families alone) with
-    ``fallback`` (a name of :data:`~nsacdrive.eval.modes.FALLBACKS`, or ``cascade:RUN``)."""
+    ``fallback`` (a name of :data:`~nsacdrive.eval.modes.FALLBACKS`, or ``cascade:RUN``), handing back
+    after the hold chosen on those families."""
     from dataclasses import replace
 
     score = split["selected"]
@@ -247,7 +260,7 @@ def fallback_drive(drive: Any, split: dict[str, Any], config: ProtocolConfig, fa
     predictor = FailurePredictor.from_json(split["predictor"], "protocol split predictor") if score == PREDICTOR_SCORE else None
     return replace(drive, monitor_score=score, monitor_threshold=float(split["thresholds"][score]),
                    monitor_smooth=config.monitor.smooth_steps, monitor_warmup=config.monitor.warmup_steps,
-                   monitor_predictor=predictor, fallback=name, fallback_run=run)
+                   monitor_predictor=predictor, fallback=name, fallback_run=run, fallback_steps=int(split["hand_back"]["clear_steps"]))
 
 
 def drive_fallbacks(run: str, tracks: ProtocolTracks, config: ProtocolConfig, split: dict[str, Any], fallbacks: Sequence[str],

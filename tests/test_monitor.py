@@ -276,7 +276,7 @@ def test_slow_cuts_the_gas_and_the_fallback_outlasts_the_alarm(run):
     (1.0, 2, True, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
 ])
 def test_the_hand_back_waits_for_the_score_to_stay_clear(release, clear_steps, latch, expected):
-    from nsacdrive.eval.closed_loop import HandBack
+    from nsacdrive.eval.hand_back import HandBack
 
     scores = [1.0, 0.2, 0.9, 0.9, 0.7, 0.4, 0.4, 0.4, 0.9, 1.2, 0.3, 0.3]
     switch = HandBack(clear_steps, release, latch)
@@ -284,7 +284,7 @@ def test_the_hand_back_waits_for_the_score_to_stay_clear(release, clear_steps, l
 
 
 def test_hysteresis_keeps_the_fallback_until_the_score_falls_below_the_release_level():
-    from nsacdrive.eval.closed_loop import HandBack
+    from nsacdrive.eval.hand_back import HandBack
 
     scores = [1.5, 0.9, 0.8, 0.6, 0.4, 0.55, 0.3, 0.2, 0.9]
     plain, hysteresis = HandBack(2, 1.0), HandBack(2, 0.5)
@@ -399,7 +399,7 @@ def test_the_protocols_fallbacks_are_driven_on_the_test_families_and_judged_agai
     drive = DriveConfig(max_steps=300)
     evaluate_closed_loop(EvalConfig(runs=(str(run),), seeds=(5,), corruptions=("none", "glare-5"), drive=drive),
                          tmp_path / "test-corrupted", progress=False)
-    split = {"selected": "steer_std", "thresholds": {"steer_std": 0.0}}  # alarms as soon as the warm-up is over
+    split = {"selected": "steer_std", "thresholds": {"steer_std": 0.0}, "hand_back": {"clear_steps": 5}}  # alarms as soon as the warm-up is over
     drive_fallbacks(str(run), tracks, config, split, ["stop"], tmp_path, drive=drive, progress=False)
     assert (tmp_path / "guarded-stop-corrupted" / "episodes").is_dir() and not (tmp_path / "guarded-stop-colours").exists()
     judged = judge_fallbacks(tmp_path, config, ["stop"])["stop"]

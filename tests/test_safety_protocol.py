@@ -197,7 +197,7 @@ def test_the_study_file_renders_every_fold_and_fallback_over_seeds(tmp_path):
     from bench.results import validate_study
     from bench.safety_protocol import study_tables
     from nsacdrive.common.atomic import json_safe
-    from nsacdrive.eval.safety_protocol import judge_protocol
+    from nsacdrive.eval.safety_protocol import judge_protocol, to_terminal
 
     config = small_config()
     results = []
@@ -208,6 +208,7 @@ def test_the_study_file_renders_every_fold_and_fallback_over_seeds(tmp_path):
                                                                "laps": 4}},
                                         "nominal": {"episodes": 4, "fallback_fraction": 0.01, "laps": 4, "lap_time_ratio": 1.01}}}
         results.append(result)
+    assert "hand-back after" in to_terminal(results[0]) and "fallback stop" in to_terminal(results[0])
     tables = study_tables(results, [0, 1, 2])
     assert [t["name"] for t in tables] == ["Leave one family out", "Leave one family out: precision, recall, lead and AUROC",
                                            "Development and test families", "False alarms with a guarantee", "Fallback stop"]
@@ -217,3 +218,18 @@ def test_the_study_file_renders_every_fold_and_fallback_over_seeds(tmp_path):
                   "machine": {"cpu": None, "cores": 2, "gpu": None},
                   "versions": {"python": None, "torch": None, "numpy": None, "gymnasium": None}, "config_sha256": {}, "seeds": [0, 1, 2]}
     validate_study({"study": "safety-protocol", "title": "t", "provenance": provenance, "tables": tables}, "safety-protocol", "x")
+
+
+def test_the_fallbacks_hand_back_after_the_hold_chosen_without_the_held_out_family():
+    """Each fold picks the hand-back hold on its own development logs; the guarded drives use the split's."""
+    from nsacdrive.eval.closed_loop import DriveConfig
+    from nsacdrive.eval.safety_protocol import fallback_drive
+
+    config = small_config()
+    fold = judge_fold(protocol_data(np.random.default_rng(5), config.families), ["glare"], config)
+    hold = fold["hand_back"]
+    assert [c["hold_s"] for c in hold["candidates"]] == list(config.hold_candidates_s)
+    within = [c for c in hold["candidates"] if c["nominal_share"] <= config.nominal_fallback_budget]
+    assert hold["clear_steps"] == (within[-1] if within else hold["candidates"][0])["steps"]
+    drive = fallback_drive(DriveConfig(), fold, config, "slow")
+    assert drive.fallback_steps == hold["clear_steps"] and drive.monitor_score == fold["selected"]
