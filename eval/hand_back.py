@@ -12,14 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from nsacdrive.envs.car_racing import FPS
 
-if TYPE_CHECKING:  # the monitor's module reads evaluations, which import this one
-    from nsacdrive.eval.monitor import EpisodeScores
+
+class ScoredEpisode(Protocol):
+    """What the replay reads of a logged episode (:class:`nsacdrive.eval.monitor.EpisodeScores`, whose
+    module reads evaluations, which import this one)."""
+
+    scores: dict[str, np.ndarray]
+    events: list[Any]  # each with an ``onset`` step
+    nominal: np.ndarray
+    warmup: int
+
+    @property
+    def steps(self) -> int: ...
 
 
 @dataclass
@@ -65,7 +75,7 @@ def active_steps(score: np.ndarray, alarm: np.ndarray, clear_steps: int, release
     return (alarms_so_far > 0) & (released_so_far == released_at_alarm)
 
 
-def episode_active(episode: EpisodeScores, name: str, threshold: float, clear_steps: int, release: float) -> np.ndarray:
+def episode_active(episode: ScoredEpisode, name: str, threshold: float, clear_steps: int, release: float) -> np.ndarray:
     """The steps of a logged episode that a fallback on score ``name`` would have been in charge of."""
     score = episode.scores[name]
     alarm = (score > threshold) & (np.arange(len(score)) >= episode.warmup)
@@ -83,7 +93,7 @@ class HoldChoice:
         return {"clear_steps": self.clear_steps, "hold_s": self.clear_steps / FPS, "candidates": self.candidates}
 
 
-def choose_hold(failing: Sequence[EpisodeScores], nominal: Sequence[EpisodeScores], name: str, threshold: float,
+def choose_hold(failing: Sequence[ScoredEpisode], nominal: Sequence[ScoredEpisode], name: str, threshold: float,
                 holds_s: Sequence[float], budget: float, release: float = 1.0, run_up_s: float = 1.0) -> HoldChoice:
     """The longest of ``holds_s`` whose fallback would have covered at most ``budget`` of the nominal
     steps of the ``nominal`` laps; the shortest when none is within budget. ``failing``: the logs whose
