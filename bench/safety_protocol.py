@@ -142,6 +142,10 @@ def fallback_tables(results: list[dict[str, Any]], seeds: list[int]) -> list[dic
         rows.append(["**clean laps**", "", f"under the fallback: {_per_seed([n['fallback_fraction'] for n in nominal], 3)}",
                      f"laps: {_per_seed([n['laps'] for n in nominal])} of {_per_seed([n['episodes'] for n in nominal])}",
                      f"lap time ×{_per_seed([n['lap_time_ratio'] for n in nominal], 3)}"])
+        holds = [r["split"].get("hand_back") for r in results]
+        if fallback != "stop" and all(holds):  # stop never hands back
+            rows.append(["**hand-back hold**", "", f"{_per_seed([h['hold_s'] for h in holds])} s",
+                         "chosen on the development data", ""])
         if "cascade_compute" in judged[0]:
             rows.append(["**cascade compute**", "", "", f"at most {_per_seed([j['cascade_compute'] for j in judged], 3)} of running it every step", ""])
         label = " (privileged: an upper bound no real car has)" if fallback == "expert" else ""
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], help="the recipe's config file(s), for the stale check")
     parser.add_argument("--out", type=Path, default=Path("runs/protocol"), help="one protocol folder per seed under it")
     parser.add_argument("--study", default="safety-protocol")
+    parser.add_argument("--recipe", default="demo recipe", help="what the runs are, for the study's title")
     parser.add_argument("--made-with", action="append", default=[],
                         help="a command that made the runs (training, DAgger, calibration), recorded first in the provenance")
     parser.add_argument("--written", action="store_true",
@@ -213,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                                 *(["--", *extra] if extra else [])]))
     provenance = current_provenance(commands, args.config, seeds)
     tables = [nominal_table([args.out / f"s{seed}" for seed in seeds], seeds), *study_tables(results, seeds)]
-    path = write_results(args.study, "The safety protocol: monitors on shift families nobody tuned them to", tables, provenance)
+    path = write_results(args.study, f"The safety protocol, {args.recipe}: monitors on shift families nobody tuned them to",
+                         tables, provenance)
     render(Layout.of(REPO))
     print(f"→ {path}")
     return 0
