@@ -34,6 +34,7 @@ def _configs() -> list[tuple[type, dict[str, Any]]]:
     from nsacdrive.controllers import model_config, train_config
     from nsacdrive.controllers.augment import AUGMENT_RANGES, AugmentConfig
     from nsacdrive.controllers.encoders import ENCODER_RANGES, EncoderConfig
+    from nsacdrive.controllers.robust_augment import ROBUST_AUGMENT_RANGES, RobustAugmentConfig
     from nsacdrive.controllers.udacity_augment import UDACITY_AUGMENT_RANGES, UdacityAugmentConfig
     from nsacdrive.data_collection.recorder import COLLECT_RANGES, NOISE_RANGES, CollectConfig, NoiseConfig
     from nsacdrive.data_collection.udacity_import import IMPORT_RANGES, ImportConfig
@@ -50,7 +51,7 @@ def _configs() -> list[tuple[type, dict[str, Any]]]:
 
     return [(train_config.TrainConfig, train_config.RANGES), (model_config.ModelConfig, model_config.RANGES),
             (EncoderConfig, ENCODER_RANGES), (AugmentConfig, AUGMENT_RANGES), (UdacityAugmentConfig, UDACITY_AUGMENT_RANGES),
-            (CollectConfig, COLLECT_RANGES), (NoiseConfig, NOISE_RANGES),
+            (RobustAugmentConfig, ROBUST_AUGMENT_RANGES), (CollectConfig, COLLECT_RANGES), (NoiseConfig, NOISE_RANGES),
             (DriveConfig, DRIVE_RANGES), (EvalConfig, EVAL_RANGES), (MonitorConfig, MONITOR_RANGES), (DaggerConfig, DAGGER_RANGES),
             (ImportConfig, IMPORT_RANGES), (PPOConfig, PPO_RANGES)]
 

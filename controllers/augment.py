@@ -21,6 +21,7 @@ frames back to RGB through cv2's RGB → YUV matrix, recolours, and maps forward
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -119,12 +120,18 @@ def _wide_recolouring(batch: int, generator: torch.Generator) -> tuple[torch.Ten
     return matrix, offset
 
 
+def through_rgb(frames: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Udacity-kind frames (YUV scaled to [−1, 1]) mapped to RGB in [0, 1], through ``transform``, and
+    back; same shape, clipped to [−1, 1]."""
+    offset = _YUV_OFFSET.to(frames)[:, None, None]
+    yuv = frames.add(1).div_(2).sub_(offset)  # in place after the first step, as in colour_augment
+    rgb = mix_channels(_YUV_TO_RGB.to(frames), yuv).clamp_(0.0, 1.0)
+    out = mix_channels(_RGB_TO_YUV.to(frames), transform(rgb))
+    return out.add_(offset).mul_(2).sub_(1).clamp_(-1.0, 1.0)
+
+
 def colour_augment_yuv(frames: torch.Tensor, config: AugmentConfig, generator: torch.Generator) -> torch.Tensor:
     """:func:`colour_augment` for Udacity-kind frames (YUV scaled to [−1, 1]); same shape, clipped to [−1, 1]."""
     if config.probability == 0:
         return frames
-    offset = _YUV_OFFSET.to(frames)[:, None, None]
-    yuv = frames.add(1).div_(2).sub_(offset)  # in place after the first step, as in colour_augment
-    rgb = mix_channels(_YUV_TO_RGB.to(frames), yuv).clamp_(0.0, 1.0)
-    out = mix_channels(_RGB_TO_YUV.to(frames), colour_augment(rgb, config, generator))
-    return out.add_(offset).mul_(2).sub_(1).clamp_(-1.0, 1.0)
+    return through_rgb(frames, lambda rgb: colour_augment(rgb, config, generator))

@@ -44,6 +44,7 @@ from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.nsac import LOG_SIGMA_BOUNDS, NAC, NACConfig
 from nsacdrive.controllers.objectives import check_targets, gaussian_nll
 from nsacdrive.controllers.prediction import UncertainPrediction, decompose
+from nsacdrive.controllers.robust_augment import Anchor
 
 
 def _check_samples(samples: int) -> None:
@@ -172,15 +173,16 @@ class EnsembleController(nn.Module):
 
     def member_loss(self, k: int, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
                     perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    speed: torch.Tensor | None = None, anchor: Anchor | None = None) -> dict[str, torch.Tensor]:
         """Loss terms of member k alone (for trainers that give each member its own data order)."""
-        return self.members[k].training_loss(frames, timestamps, target, perturb, speed)
+        return self.members[k].training_loss(frames, timestamps, target, perturb, speed, anchor)
 
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
                       perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """``total`` = Σ_k member loss on the same batch; ``member{k}`` (detached) for logging."""
-        losses = [member.training_loss(frames, timestamps, target, perturb, speed)["total"] for member in self.members]
+                      speed: torch.Tensor | None = None, anchor: Anchor | None = None) -> dict[str, torch.Tensor]:
+        """``total`` = Σ_k member loss on the same batch (each with its own ``anchor`` consistency); ``member{k}``
+        (detached) for logging."""
+        losses = [member.training_loss(frames, timestamps, target, perturb, speed, anchor)["total"] for member in self.members]
         terms = {"total": torch.stack(losses).sum()}
         terms.update({f"member{k}": loss.detach() for k, loss in enumerate(losses)})
         return terms

@@ -25,6 +25,7 @@ from nsacdrive.controllers.density import ConvStatistics, FeatureDensity, check_
 from nsacdrive.controllers.heads import UncertaintyHead
 from nsacdrive.controllers.objectives import check_targets, frozen_batchnorm_statistics
 from nsacdrive.controllers.prediction import UncertainPrediction
+from nsacdrive.controllers.robust_augment import Anchor, consistency_loss
 
 
 def head_times(timestamps: torch.Tensor) -> torch.Tensor:
@@ -94,9 +95,10 @@ class Controller(nn.Module):
 
     def training_loss(self, frames: torch.Tensor, timestamps: torch.Tensor, target: torch.Tensor,
                       perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                      speed: torch.Tensor | None = None, anchor: Anchor | None = None) -> dict[str, torch.Tensor]:
         """Loss terms; ``perturb`` makes the perturbed twins of the batch's first sequences for heads that
-        need them (all of them, or fewer: :func:`nsacdrive.controllers.ood_proxies.make_perturbation`; speeds stay)."""
+        need them (all of them, or fewer: :func:`nsacdrive.controllers.ood_proxies.make_perturbation`; speeds stay);
+        ``anchor``, the clean views of augmented ``frames``, adds their token ``consistency`` (weighted into ``total``)."""
         if target.dim() != 2:
             check_targets(torch.empty(target.shape[0], 3), target)
         tokens = self.tokens(frames, speed)
@@ -108,7 +110,13 @@ class Controller(nn.Module):
             with frozen_batchnorm_statistics(self.encoder):
                 twins = perturb(frames)
                 perturbed = self.tokens(twins, None if speed is None else speed[:twins.shape[0]])
-        return self.head.training_loss(tokens, times, target, perturbed)
+        terms = self.head.training_loss(tokens, times, target, perturbed)
+        if anchor is None:
+            return terms
+        with torch.no_grad(), frozen_batchnorm_statistics(self.encoder):
+            clean = self.tokens(anchor.frames, speed)
+        consistency = consistency_loss(tokens, clean, anchor.keep)
+        return {**terms, "total": terms["total"] + anchor.weight * consistency, "consistency": consistency.detach()}
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, speed: torch.Tensor | None = None) -> torch.Tensor:

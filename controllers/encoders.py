@@ -37,16 +37,25 @@ GROUPS = 8  # GroupNorm groups of the "cnn" encoder
 
 #: the numbers EncoderConfig's fields may take
 ENCODER_RANGES = {"token_dim": WIDTH, "channels": WIDTH}
+#: how an encoder normalises each frame before its convolutions: ``frame`` subtracts the frame's mean
+#: and divides by its std over all pixels and channels (global brightness and contrast are gone),
+#: ``channel`` does so per colour channel (a colour cast is gone too)
+INPUT_NORMS = ("none", "frame", "channel")
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
+    """The per-frame encoder: its kind, token width, channels and how it normalises each frame."""
+
     kind: str = "cnn"  # a key of ENCODERS
     token_dim: int = 64
     channels: tuple[int, int, int] = (32, 64, 64)  # "cnn" and "cnn-grid" only
+    input_norm: str = "none"  # one of INPUT_NORMS
 
     def __post_init__(self) -> None:
         check_fields(self, "encoder", ENCODER_RANGES)
+        if self.input_norm not in INPUT_NORMS:
+            raise ValueError(f"encoder input_norm must be one of {', '.join(INPUT_NORMS)}, got {self.input_norm!r}")
         if self.kind not in ENCODERS:
             raise ValueError(f"encoder kind must be one of {', '.join(sorted(ENCODERS))}, got {self.kind!r}")
         if ENCODERS[self.kind].GROUP_NORM and any(c % GROUPS for c in self.channels[:2]):
@@ -86,6 +95,7 @@ class PerFrameEncoder(nn.Module):
     #: the dtype the convolutions and the token projection compute in (None: float32); set for
     #: training only (:mod:`nsacdrive.controllers.precision`) — the tokens leave as float32 either way
     autocast_dtype: torch.dtype | None = None
+    input_norm: str = "none"  # set by make_encoder from EncoderConfig.input_norm
 
     @property
     def last_conv(self) -> nn.Conv2d:
@@ -95,7 +105,7 @@ class PerFrameEncoder(nn.Module):
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         check_frames(frames, self.FRAME_SHAPE)
         batch, length = frames.shape[:2]
-        images = frames.flatten(0, 1)
+        images = normalise_input(frames.flatten(0, 1), self.input_norm)
         if self.CHANNELS_LAST:
             images = images.contiguous(memory_format=torch.channels_last)
         with self._precision(images.device.type):
@@ -104,6 +114,16 @@ class PerFrameEncoder(nn.Module):
 
     def _precision(self, device_type: str) -> AbstractContextManager:
         return nullcontext() if self.autocast_dtype is None else torch.autocast(device_type, dtype=self.autocast_dtype)
+
+
+def normalise_input(images: torch.Tensor, norm: str, eps: float = 1e-3) -> torch.Tensor:
+    """Images [N, C, H, W] standardised as ``norm`` (:data:`INPUT_NORMS`) says; ``none`` returns them as they are.
+    ``eps`` keeps a uniform frame (std 0) finite."""
+    if norm == "none":
+        return images
+    dims = (1, 2, 3) if norm == "frame" else (2, 3)
+    std, mean = torch.std_mean(images, dim=dims, keepdim=True, correction=0)
+    return (images - mean) / (std + eps)
 
 
 def frame_convolutions(channels: tuple[int, int, int]) -> nn.Sequential:
@@ -232,4 +252,6 @@ ENCODERS: dict[str, type[PerFrameEncoder]] = {
 
 
 def make_encoder(config: EncoderConfig) -> nn.Module:
-    return ENCODERS[config.kind](config)
+    encoder = ENCODERS[config.kind](config)
+    encoder.input_norm = config.input_norm
+    return encoder

@@ -13,6 +13,7 @@ from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import PERTURBATIONS
 from nsacdrive.controllers.precision import PRECISIONS
+from nsacdrive.controllers.robust_augment import RobustAugmentConfig
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
 from nsacdrive.data_collection.dataset import SeedSplit, is_udacity_data
 from nsacdrive.envs.colours import validate_preset
@@ -23,7 +24,7 @@ RANGES = {
                      "max_val_batches", "early_stopping_patience", "cache_episodes"), COUNT),
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
     "twin_fraction": Range(0, 1, low_open=True),
-    **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std"), NON_NEGATIVE),
+    **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std", "consistency"), NON_NEGATIVE),
     **dict.fromkeys(("plateau_factor", "ema_decay"), Range(0, 1, low_open=True, high_open=True)),  # ReduceLROnPlateau needs 0 < factor < 1; a decay of 0 or 1 averages nothing
     "seed": Range(0, 2**63 - 1),  # numpy SeedSequence needs >= 0, torch.manual_seed < 2**64
 }
@@ -55,6 +56,8 @@ class TrainConfig:
     ema_decay: float | None = None  # Polyak averaging: validate and publish the weights' per-step EMA (None: the raw weights)
     augment: AugmentConfig = field(default_factory=AugmentConfig)  # colour, every observation kind (batched)
     udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
+    robust_augment: RobustAugmentConfig = field(default_factory=RobustAugmentConfig)  # geometric, photometric, random convolution (batched)
+    consistency: float = 0.0  # weight of the token consistency between each sequence's clean and augmented views (0: off)
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
     perturb_std: float = 0.2  # σ_pert, preprocessed-image units
     perturbation: str = "noise"  # NSAC/SDE-Net's perturbed twins: noise | proxies (controllers/ood_proxies.py)

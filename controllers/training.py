@@ -77,6 +77,7 @@ from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision, slow_precision
 from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.robust_augment import Anchor, Augmented, robust_augment, robust_augment_yuv
 from nsacdrive.controllers.run import usable_device, use_deterministic_kernels
 from nsacdrive.controllers.state_codec import decode_state, encode_state
 from nsacdrive.controllers.train_config import TrainConfig
@@ -192,10 +193,12 @@ class Trainer:
         """The batch's uint8 frames moved to the training device, then scaled there."""
         return network_frames(batch["frames"].to(self.device, non_blocking=True), self.train_set.kind)
 
-    def _augment_batch(self, frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Per-batch colour augmentation of preprocessed frames (CarRacing RGB or Udacity YUV)."""
-        augment = colour_augment_yuv if self.config.model.observation == "udacity" else colour_augment
-        return augment(frames, self.config.augment, generator)
+    def _augment_batch(self, frames: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> Augmented:
+        """Per-batch augmentation of preprocessed frames (CarRacing RGB or Udacity YUV): colour, then the
+        robust families (which may mirror a sequence and its steering label)."""
+        udacity = self.config.model.observation == "udacity"
+        coloured = (colour_augment_yuv if udacity else colour_augment)(frames, self.config.augment, generator)
+        return (robust_augment_yuv if udacity else robust_augment)(coloured, target, self.config.robust_augment, generator)
 
     # ------------------------------------------------------------------ persistence
     def save_checkpoint(self, improved: bool) -> None:
@@ -292,9 +295,11 @@ class Trainer:
     def _train_step(self, batch: dict[str, torch.Tensor], where: str, augment_rng: torch.Generator,
                     perturb_rng: torch.Generator) -> dict[str, float]:
         """One optimiser step on ``batch``; stops with :class:`TrainingDiverged` on a NaN/inf loss or gradient."""
-        frames = self._augment_batch(self._network_frames(batch), augment_rng)
-        terms = self.model.training_loss(frames, batch["timestamps"].to(self.device), batch["action"].to(self.device),
-                                         perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device))
+        clean = self._network_frames(batch)
+        augmented = self._augment_batch(clean, batch["action"].to(self.device), augment_rng)
+        anchor = Anchor(clean, self.config.consistency, ~augmented.flipped.to(self.device)) if self.config.consistency else None
+        terms = self.model.training_loss(augmented.frames, batch["timestamps"].to(self.device), augmented.target,
+                                         perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device), anchor=anchor)
         self.optimizer.zero_grad(set_to_none=True)
         terms["total"].backward()
         norms, loss = self._clip_gradients(), terms["total"].detach()

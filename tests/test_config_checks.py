@@ -20,6 +20,7 @@ from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.encoders import EncoderConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.nsac import NACConfig, NSACConfig
+from nsacdrive.controllers.robust_augment import RobustAugmentConfig
 from nsacdrive.controllers.train_config import TrainConfig
 from nsacdrive.controllers.udacity_augment import UdacityAugmentConfig
 from nsacdrive.data_collection.human import HumanDriveConfig
@@ -32,6 +33,7 @@ CONFIGS: dict[type, dict[str, Any]] = {
     EncoderConfig: {},
     AugmentConfig: {},
     UdacityAugmentConfig: {},
+    RobustAugmentConfig: {},
     NSACConfig: {"input_dim": 8, "d_model": 8, "num_heads": 2},
     NACConfig: {"input_dim": 8, "d_model": 8, "num_heads": 2},
     CollectConfig: {"agent": "expert", "seeds": (0,)},
@@ -42,7 +44,8 @@ CONFIGS: dict[type, dict[str, Any]] = {
 OUT_OF_RANGE: dict[type, dict[str, Any]] = {
     TrainConfig: {"sequence_length": 0, "frame_stride": 0, "batch_size": 0, "epochs": 0, "max_batches_per_epoch": 0, "min_batches_per_epoch": 0,
                   "max_val_batches": 0, "lr": 0.0, "weight_decay": -1e-4, "plateau_factor": 1.0, "plateau_patience": -1,
-                  "early_stopping_patience": 0, "grad_clip": 0, "perturb_std": -0.1, "twin_fraction": 0.0, "ema_decay": 1.0, "cache_episodes": 0, "seed": -1},
+                  "early_stopping_patience": 0, "grad_clip": 0, "perturb_std": -0.1, "twin_fraction": 0.0, "ema_decay": 1.0, "cache_episodes": 0, "seed": -1,
+                  "consistency": -0.5},
     ModelConfig: {"d_model": 0, "num_heads": 0, "topk": 0, "bn_std": -1.0, "train_samples": 0, "predict_samples": 0,
                   "lambda_reg": -0.5, "epistemic_margin": -0.05, "dropout": 1.0, "nll_beta": 1.5, "members": 0, "evidential_coeff": -0.01, "sde_depth": 0,
                   "sde_sigma_max": -0.5, "levy_frames": 0, "levy_window": 0.0, "levy_sharpness": 60.0,
@@ -52,6 +55,8 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
                     "recolour": 1.5},
     UdacityAugmentConfig: {"probability": -0.1, "camera_offset": -0.2, "translate_x": -1.0, "translate_y": -1.0,
                            "steer_per_pixel": -0.002, "shadow_lightness": (-0.2, 0.5), "brightness": (-0.8, 1.2)},
+    RobustAugmentConfig: {"probability": 1.5, "shift": 0.6, "rotation": 50.0, "scale": -0.1, "flip": 1.5, "gamma": 2.5, "blur": 4.0,
+                          "noise": 0.6, "random_conv": -0.1},
     NSACConfig: {"input_dim": 0, "topk": 0, "output_dim": 0, "bn_std": -1.0, "sparsity": 1.5, "wiring_seed": -1, "tau_epsilon": 0.0, "dropout": 1.0},
     NACConfig: {"input_dim": 0, "topk": 0, "sparsity": -0.5, "wiring_seed": -1, "tau_epsilon": -1e-6, "dropout": -0.1},
     CollectConfig: {"max_steps": 0, "workers": 0, "side_offset": 0.0, "camera_fov": 5.0},
