@@ -23,6 +23,7 @@ from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.controllers.training import augment_batch
 from nsacdrive.data_collection.dataset import network_frames, sequence_timestamps
 from nsacdrive.envs.observation_kinds import observation_kind
 
@@ -41,11 +42,12 @@ def model_recipe(model: str) -> TrainConfig:
 
 
 def training_step(config: TrainConfig, batch: int, device: torch.device | str = "cpu", twin_fraction: float | None = None,
-                  channels_last: bool | None = None) -> Callable[[], None]:
+                  channels_last: bool | None = None, augment: bool = False) -> Callable[[], None]:
     """One optimiser step of ``config``'s model on a fixed random batch, as a callable: uint8 frames as
     the data pipeline hands them, moved to ``device`` and scaled there, twins made by the recipe's
     perturbation for ``twin_fraction`` of the batch (default: the recipe's share), the encoder in the
-    recipe's precision; ``channels_last`` overrides the encoder's frame layout."""
+    recipe's precision; ``channels_last`` overrides the encoder's frame layout; ``augment``: the batch
+    augmented as the trainer does it (colour, the robust families, the consistency term's clean views)."""
     torch.manual_seed(0)
     device = torch.device(device)
     model = build_controller(config.model).to(device).train()
@@ -61,9 +63,15 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
     perturb = make_perturbation(config.perturbation, torch.Generator().manual_seed(1), config.perturb_mean, config.perturb_std,
                                 config.twin_fraction if twin_fraction is None else twin_fraction)
 
+    generator = torch.Generator().manual_seed(2)
+
     def step() -> None:
-        inputs = network_frames(frames.to(device, non_blocking=True), kind)
-        loss = model.training_loss(inputs, times, target, perturb=perturb, speed=speed if config.model.speed_input else None)["total"]
+        inputs, labels, anchor = network_frames(frames.to(device, non_blocking=True), kind), target, None
+        if augment:
+            augmented, anchor = augment_batch(inputs, target, config, generator)
+            inputs, labels = augmented.frames, augmented.target
+        loss = model.training_loss(inputs, times, labels, perturb=perturb, speed=speed if config.model.speed_input else None,
+                                   anchor=anchor)["total"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

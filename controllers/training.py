@@ -130,6 +130,18 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def augment_batch(frames: torch.Tensor, target: torch.Tensor, config: TrainConfig,
+                  generator: torch.Generator) -> tuple[Augmented, Anchor | None]:
+    """A training batch's preprocessed frames (CarRacing RGB or Udacity YUV) and labels augmented as
+    ``config`` says: colour, then the robust families (which may mirror a sequence and its steering
+    label); and, with ``config.consistency``, the clean views the consistency term anchors to."""
+    udacity = config.model.observation == "udacity"
+    coloured = (colour_augment_yuv if udacity else colour_augment)(frames, config.augment, generator)
+    augmented = (robust_augment_yuv if udacity else robust_augment)(coloured, target, config.robust_augment, generator)
+    anchor = Anchor(frames, config.consistency, ~augmented.flipped.to(frames.device)) if config.consistency else None
+    return augmented, anchor
+
+
 class Trainer:
     """Owns the model, data, optimiser and run folder of one training run."""
 
@@ -193,12 +205,6 @@ class Trainer:
         """The batch's uint8 frames moved to the training device, then scaled there."""
         return network_frames(batch["frames"].to(self.device, non_blocking=True), self.train_set.kind)
 
-    def _augment_batch(self, frames: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> Augmented:
-        """Per-batch augmentation of preprocessed frames (CarRacing RGB or Udacity YUV): colour, then the
-        robust families (which may mirror a sequence and its steering label)."""
-        udacity = self.config.model.observation == "udacity"
-        coloured = (colour_augment_yuv if udacity else colour_augment)(frames, self.config.augment, generator)
-        return (robust_augment_yuv if udacity else robust_augment)(coloured, target, self.config.robust_augment, generator)
 
     # ------------------------------------------------------------------ persistence
     def save_checkpoint(self, improved: bool) -> None:
@@ -296,8 +302,7 @@ class Trainer:
                     perturb_rng: torch.Generator) -> dict[str, float]:
         """One optimiser step on ``batch``; stops with :class:`TrainingDiverged` on a NaN/inf loss or gradient."""
         clean = self._network_frames(batch)
-        augmented = self._augment_batch(clean, batch["action"].to(self.device), augment_rng)
-        anchor = Anchor(clean, self.config.consistency, ~augmented.flipped.to(self.device)) if self.config.consistency else None
+        augmented, anchor = augment_batch(clean, batch["action"].to(self.device), self.config, augment_rng)
         terms = self.model.training_loss(augmented.frames, batch["timestamps"].to(self.device), augmented.target,
                                          perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device), anchor=anchor)
         self.optimizer.zero_grad(set_to_none=True)

@@ -140,3 +140,11 @@ def test_a_run_trains_with_every_switch_and_logs_the_consistency_term(dataset, t
     again.fit()
     first = (tmp_path / "robust" / "model.safetensors").read_bytes()
     assert first == (tmp_path / "again" / "model.safetensors").read_bytes()  # the same seed, the same weights
+
+
+def test_the_cost_bench_times_a_robust_recipe_against_its_baseline(capsys):
+    from bench.augment_cost import main
+
+    main(["configs/quality.json", "configs/quality-robust.json", "--batch", "2", "--pairs", "1"])
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("configs/quality-robust.json") and row.endswith("×")
