@@ -1,0 +1,148 @@
+"""Which recipe keeps driving when the picture changes: recipes × models × training seeds, chosen on
+development families and judged on test families.
+
+    python -m bench.robust_study configs/quality.json configs/quality-robust.json --stage development
+    python -m bench.robust_study configs/quality-robust.json --models nsac,levy,gmle,ensemble --stage test
+
+Every recipe is trained for every model and seed (``nsacdrive sweep``, into ``OUT/<recipe>/``)
+and driven with no pedal caution and no fallback. Both stages use the safety protocol's split of
+shift families (:mod:`nsacdrive.eval.protocol_config`):
+
+* ``development``: held-out tracks 1010–1020, clean and under every development family at
+  severities 3 and 5. Recipes are chosen here. These tracks are not the test tracks, and the
+  families are not the test families.
+* ``test``: tracks 42 and 1000–1009, clean and under ``shift-3``, ``color-v0``, ``random`` and
+  every test family at severities 3 and 5. These are the robustness targets' conditions.
+
+Every step resumes. Writes ``results/robust-<stage>.json`` with its provenance: laps per
+condition for each recipe and model, per seed, pooled over the families. Then it renders the docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.results import REPO, Layout, current_provenance, render, write_results
+from nsacdrive.common.seeds import parse_seeds
+from nsacdrive.eval.protocol_config import ProtocolConfig
+
+NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
+STAGES = {
+    "development": {"tracks": "1010-1020", "presets": ()},
+    "test": {"tracks": "42,1000-1009", "presets": ("shift-3", "color-v0", "random")},
+}
+CLEAN = "clean"
+
+
+def stage_conditions(stage: str, protocol: ProtocolConfig) -> tuple[list[str], list[str]]:
+    """The corruptions (``FAMILY-SEVERITY``) and colour presets a stage drives, besides clean laps."""
+    families = protocol.development if stage == "development" else protocol.test
+    corruptions = [c for c in protocol.corruptions() if c.rpartition("-")[0] in families]
+    presets = [*STAGES[stage]["presets"], *(f for f in families if f in protocol.colour_presets())]
+    return corruptions, list(dict.fromkeys(presets))
+
+
+def condition_of(row: dict[str, Any]) -> str:
+    """An aggregate row's condition: its corruption, its colour preset, or :data:`CLEAN`."""
+    if row["corruption"] != "none":
+        return row["corruption"]
+    return CLEAN if row["colour_preset"] == "default" else row["colour_preset"]
+
+
+def read_laps(eval_dirs: Iterable[Path]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(run, condition) → (laps, episodes) over the evaluations' ``aggregates.json``."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for folder in eval_dirs:
+        for row in json.loads((folder / "aggregates.json").read_text())["aggregates"]:
+            out[(row["run"], condition_of(row))] = (int(row["laps"]), int(row["episodes"]))
+    return out
+
+
+def laps_table(stage: str, laps: dict[str, dict[tuple[str, str], tuple[int, int]]], models: list[str], seeds: list[int],
+               conditions: list[str]) -> dict[str, Any]:
+    """One row per condition and a pooled row per seed; one column per recipe × model, cells the laps
+    per seed (``a / b / c of N``)."""
+    columns = [(recipe, model) for recipe in laps for model in models]
+
+    def cell(recipe: str, model: str, condition: str) -> tuple[list[int | None], int | None]:
+        found = [laps[recipe].get((f"{model}-s{seed}", condition)) for seed in seeds]
+        episodes = next((n for _, n in filter(None, found)), None)
+        return [None if f is None else f[0] for f in found], episodes
+
+    rows = []
+    for condition in conditions:
+        row = [condition]
+        for recipe, model in columns:
+            counts, episodes = cell(recipe, model, condition)
+            row.append(" / ".join("–" if c is None else str(c) for c in counts) + (f" of {episodes}" if episodes else ""))
+        rows.append(row)
+    pooled = ["**shifted, pooled: laps per seed (mean ± std)**"]
+    for recipe, model in columns:
+        shares = []
+        for seed in seeds:
+            found = [laps[recipe].get((f"{model}-s{seed}", c)) for c in conditions if c != CLEAN]
+            found = [f for f in found if f is not None]
+            shares.append(sum(f[0] for f in found) / sum(f[1] for f in found) if found else None)
+        present = [s for s in shares if s is not None]
+        spread = f" ({100 * np.mean(present):.0f} ± {100 * np.std(present):.0f} %)" if present else ""
+        pooled.append(" / ".join("–" if s is None else f"{100 * s:.0f} %" for s in shares) + spread)
+    rows.append(pooled)
+    tracks = STAGES[stage]["tracks"]
+    return {"name": f"Laps, {stage} stage",
+            "caption": (f"Tracks {tracks}, one episode each per condition, no pedal caution and no fallback; laps per "
+                        f"training seed {', '.join(map(str, seeds))}. Recipes are chosen on the development stage alone."),
+            "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="+", type=Path, help="recipe config files (configs/*.json)")
+    parser.add_argument("--stage", choices=sorted(STAGES), required=True)
+    parser.add_argument("--models", default="nsac")
+    parser.add_argument("--seeds", default="0-2")
+    parser.add_argument("--data", default="data/quality", help="the recipes' dataset (collected as bench/closed_loop_quality.sh does)")
+    parser.add_argument("--out", type=Path, default=Path("runs/robust"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--written", action="store_true", help="read the evaluations as an earlier call left them")
+    args = parser.parse_args(argv)
+    seeds, models = parse_seeds(args.seeds, "--seeds"), args.models.split(",")
+    protocol = ProtocolConfig()
+    corruptions, presets = stage_conditions(args.stage, protocol)
+    commands, laps = [], {}
+    for recipe in args.recipes:
+        folder = args.out / recipe.stem
+        runs = [str(folder / f"{model}-s{seed}") for model in models for seed in seeds]
+        steps = [[NSACDRIVE, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
+                  "--workers", str(args.workers), "--out", str(folder)]]
+        evals = {"corrupted": ["--corruption", ",".join(["none", *corruptions])]}
+        if presets:
+            evals["colours"] = ["--colour-preset", ",".join(presets)]
+        for part, conditions in evals.items():
+            steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *conditions, "--workers", str(args.workers),
+                          "--out", str(folder / f"eval-{args.stage}-{part}"), "--resume"])
+        for step in steps:
+            if not args.written:
+                subprocess.run(step, check=True)
+            commands.append(shlex.join(["nsacdrive", *step[1:]]))
+        laps[str(recipe)] = read_laps(folder / f"eval-{args.stage}-{part}" for part in evals)
+    own = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--written"]
+    commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))
+    table = laps_table(args.stage, laps, models, seeds, [CLEAN, *presets, *corruptions])
+    provenance = current_provenance(commands, [str(r) for r in args.recipes], seeds)
+    path = write_results(f"robust-{args.stage}", f"Robust recipes, {args.stage} stage: laps under shifts", [table], provenance)
+    render(Layout.of(REPO))
+    print(f"→ {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

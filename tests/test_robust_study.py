@@ -1,0 +1,39 @@
+"""The robust-recipe study's stages and tables, on constructed aggregates."""
+
+from __future__ import annotations
+
+import json
+
+from bench.robust_study import CLEAN, laps_table, read_laps, stage_conditions
+from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig
+
+
+def test_the_stages_keep_development_and_test_families_apart():
+    protocol = ProtocolConfig()
+    development, no_presets = stage_conditions("development", protocol)
+    test, presets = stage_conditions("test", protocol)
+    assert {c.rpartition("-")[0] for c in development} == set(DEVELOPMENT_FAMILIES) and no_presets == []
+    assert {c.rpartition("-")[0] for c in test} == set(TEST_FAMILIES) - {"random"}
+    assert presets == ["shift-3", "color-v0", "random"]
+    assert {c.rpartition("-")[2] for c in development + test} == {"3", "5"}
+
+
+def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path):
+    def aggregates(folder, rows):
+        folder.mkdir(parents=True)
+        (folder / "aggregates.json").write_text(json.dumps({"aggregates": [
+            {"run": run, "corruption": corruption, "colour_preset": preset, "laps": laps, "episodes": 10}
+            for run, corruption, preset, laps in rows]}))
+        return folder
+
+    rows = [(f"nsac-s{s}", "none", "default", 10) for s in range(3)]
+    rows += [(f"nsac-s{s}", "fog-3", "default", 5 + s) for s in range(3)]
+    rows += [(f"nsac-s{s}", "none", "random", 9) for s in range(2)]  # seed 2 not driven yet
+    laps = {"configs/a.json": read_laps([aggregates(tmp_path / "a", rows)])}
+    table = laps_table("test", laps, ["nsac"], [0, 1, 2], [CLEAN, "random", "fog-3"])
+    assert table["columns"] == ["condition", "a, nsac"]
+    assert table["rows"][0] == ["clean", "10 / 10 / 10 of 10"]
+    assert table["rows"][1] == ["random", "9 / 9 / – of 10"]
+    assert table["rows"][2] == ["fog-3", "5 / 6 / 7 of 10"]
+    # seed 0: (9 + 5) / 20, seed 1: (9 + 6) / 20, seed 2: 7 / 10
+    assert table["rows"][3][1] == "70 % / 75 % / 70 % (72 ± 2 %)"
