@@ -194,7 +194,7 @@ def to_terminal(result: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"hand-back after {_cell(hold['hold_s'])} s clear, chosen on the development families: "
                      f"{_cell(chosen['nominal_share'], 3)} of the fitting tracks' nominal steps under it, "
-                     f"{_cell(chosen['covered'])} of their failure onsets")
+                     f"{_cell(chosen['covered'])} of the last second before the training tracks' failures")
     for fallback, judged in result.get("fallbacks", {}).items():
         nominal = judged["nominal"]
         lines.append("")
