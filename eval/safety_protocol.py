@@ -186,7 +186,7 @@ def to_terminal(result: dict[str, Any]) -> str:
     for row in selected_rows(result):
         first = row["windows"][windows[0]]
         lines.append(f"{row['family'][:18]:<19}{'dev' if row['development'] else 'test':<5}{row['monitor'][:17]:<18}"
-                     f"{row['failures']:>5}" + "".join(f"{_cell(row['windows'][w]['f3']):>7}" for w in windows)
+                     f"{row['failures']:>5}" + "".join(f"{_cell(row['windows'][w]['f3'] if row['failures'] else None):>7}" for w in windows)
                      + f"{_cell(first['fpr']):>6}{_cell(first['fpr_shifted']):>7}")
     if result.get("fallbacks"):
         hold = result["split"]["hand_back"]
