@@ -117,9 +117,9 @@ HEADLINE = (
                 "30-epoch hinge runs: monitors", "density over tokens", ("seeds 0, 1, 2 (mean ± std)",)),
     HeadlineRow("Expert fallback on the density over tokens + convolutions, failures prevented", "misbehaviour",
                 "30-epoch hinge runs: expert fallback", "over tokens + convolutions", ("prevented",)),
-    HeadlineRow("Safety protocol, demo recipe, leave one family out (families nobody tuned to)", "safety-protocol",
+    HeadlineRow("Safety protocol, quality recipe, leave one family out (families nobody tuned to)", "safety-protocol-quality",
                 "Leave one family out", "**pooled, mean ± std**", ("F3 at 1 s", "F3 at 3 s", "FPR (1 s, clean laps)")),
-    HeadlineRow("… the `stop` fallback on the test families (nothing privileged)", "safety-protocol", "Fallback stop",
+    HeadlineRow("… the `stop` fallback on the test families (nothing privileged)", "safety-protocol-quality", "Fallback stop",
                 "**all test families**", ("prevented", "ended safely")),
 )
 
