@@ -12,6 +12,8 @@ of :class:`RobustAugmentConfig`, and a magnitude of 0 turns it off:
   noise (a noisy sensor).
 * **random convolution** (as in network randomisation): a random 3×3 convolution mixing the
   colour channels. It changes texture and colour together in ways no list of families holds.
+* **random erasing** (as in cutout): a rectangle of one random colour over part of the frame, in
+  the same place for the whole sequence, like something stuck on the lens.
 
 ``probability`` is the share of sequences that get any of this. Every draw comes from the
 generator passed in, and the same number of draws are made whatever is applied. The output is
@@ -37,7 +39,8 @@ from nsacdrive.controllers.augment import through_rgb
 #: the numbers RobustAugmentConfig's fields may take
 ROBUST_AUGMENT_RANGES = {"probability": UNIT_INTERVAL, "flip": UNIT_INTERVAL, "random_conv": UNIT_INTERVAL,
                          "shift": Range(0, 0.5), "rotation": Range(0, 45), "scale": Range(0, 1),
-                         "gamma": Range(0, 2), "blur": Range(0, 3), "noise": Range(0, 0.5)}
+                         "gamma": Range(0, 2), "blur": Range(0, 3), "noise": Range(0, 0.5), "erase": UNIT_INTERVAL,
+    "erase_area": Range(0, 0.5, low_open=True)}
 #: the widest blur kernel, in sigmas each side
 _BLUR_SIGMAS = 2
 
@@ -55,6 +58,8 @@ class RobustAugmentConfig:
     blur: float = 0.0  # max Gaussian blur sigma, pixels
     noise: float = 0.0  # max std of additive Gaussian noise, in the [0, 1] range
     random_conv: float = 0.0  # probability of a random 3×3 colour-mixing convolution
+    erase: float = 0.0  # probability of an erased rectangle (one colour, the same place in every frame)
+    erase_area: float = 0.2  # the largest share of the frame a rectangle covers
 
     def __post_init__(self) -> None:
         check_fields(self, "robust_augment", ROBUST_AUGMENT_RANGES)
@@ -121,6 +126,22 @@ def _random_conv(frames: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return out.view(length, batch, channels, height, width).transpose(0, 1)
 
 
+def _erase(frames: torch.Tensor, config: RobustAugmentConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each sequence's rectangle lies, [B, 1, 1, H, W] bool, and its colour [B, 1, C, 1, 1]:
+    area U(2 %, ``erase_area``) of the frame, aspect ratio log-uniform in [1/3, 3], centre uniform."""
+    batch, _, channels, height, width = frames.shape
+    area = (0.02 + torch.rand(batch, generator=generator) * max(config.erase_area - 0.02, 0.0)) * height * width
+    aspect = torch.exp(_uniform(generator, batch, math.log(3.0)))
+    half_h, half_w = torch.sqrt(area * aspect) / 2, torch.sqrt(area / aspect) / 2
+    centre = torch.rand(batch, 2, generator=generator) * torch.tensor([height, width])
+    colour = torch.rand(batch, channels, generator=generator)
+    rows, cols = torch.arange(height) + 0.5, torch.arange(width) + 0.5
+    inside_rows = (rows[None] - centre[:, :1]).abs() <= half_h[:, None]  # [B, H]
+    inside_cols = (cols[None] - centre[:, 1:]).abs() <= half_w[:, None]  # [B, W]
+    mask = inside_rows[:, :, None] & inside_cols[:, None, :]
+    return mask[:, None, None].to(frames.device), colour[:, None, :, None, None].to(frames)
+
+
 def robust_augment(frames: torch.Tensor, target: torch.Tensor, config: RobustAugmentConfig,
                    generator: torch.Generator) -> Augmented:
     """``frames`` [B, T, 3, H, W] in [0, 1] and their labels ``target`` [B, 3] augmented as ``config``
@@ -137,6 +158,9 @@ def robust_augment(frames: torch.Tensor, target: torch.Tensor, config: RobustAug
     sigma = torch.rand(batch, generator=generator) * config.blur
     noise_std = torch.rand(batch, generator=generator) * config.noise
     noise_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    if config.erase:  # drawn only when asked for, so recipes without it keep their random streams
+        erased = (torch.rand(batch, generator=generator) < config.erase) & apply
+        region, colour = _erase(frames, config, generator)
     rows = apply.nonzero().flatten()
     out = frames.clone()
     if len(rows) == 0:
@@ -155,6 +179,9 @@ def robust_augment(frames: torch.Tensor, target: torch.Tensor, config: RobustAug
     if config.noise:
         draws = torch.randn(picked.shape, generator=torch.Generator().manual_seed(noise_seed + 1)).to(picked)
         picked = picked + draws * noise_std[rows].to(picked)[:, None, None, None, None]
+    if config.erase:
+        covered = region[rows] & erased[rows].to(picked.device)[:, None, None, None, None]
+        picked = torch.where(covered, colour[rows], picked)
     out[rows] = picked.clamp(0.0, 1.0)
     labels = target.clone()
     labels[flipped.to(labels.device), 0] *= -1

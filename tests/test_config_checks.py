@@ -56,7 +56,7 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
     UdacityAugmentConfig: {"probability": -0.1, "camera_offset": -0.2, "translate_x": -1.0, "translate_y": -1.0,
                            "steer_per_pixel": -0.002, "shadow_lightness": (-0.2, 0.5), "brightness": (-0.8, 1.2)},
     RobustAugmentConfig: {"probability": 1.5, "shift": 0.6, "rotation": 50.0, "scale": -0.1, "flip": 1.5, "gamma": 2.5, "blur": 4.0,
-                          "noise": 0.6, "random_conv": -0.1},
+                          "noise": 0.6, "random_conv": -0.1, "erase": 1.5, "erase_area": 0.6},
     NSACConfig: {"input_dim": 0, "topk": 0, "output_dim": 0, "bn_std": -1.0, "sparsity": 1.5, "wiring_seed": -1, "tau_epsilon": 0.0, "dropout": 1.0},
     NACConfig: {"input_dim": 0, "topk": 0, "sparsity": -0.5, "wiring_seed": -1, "tau_epsilon": -1e-6, "dropout": -0.1},
     CollectConfig: {"max_steps": 0, "workers": 0, "side_offset": 0.0, "camera_fov": 5.0},

@@ -15,7 +15,7 @@ from nsacdrive.controllers.robust_augment import RobustAugmentConfig, consistenc
 from nsacdrive.controllers.training import Trainer
 
 EVERYTHING = RobustAugmentConfig(probability=1.0, shift=0.05, rotation=5.0, scale=0.1, flip=0.5, gamma=0.5, blur=1.0,
-                                 noise=0.05, random_conv=0.5)
+                                 noise=0.05, random_conv=0.5, erase=0.5)
 # a bilinear sample meant for a pixel centre lands off it by the float32 rounding of its grid coordinate,
 # a few ulps of the frame's width (96 px); values in [0, 1] move by at most that share of a pixel
 SAMPLING_ATOL = 4 * 96 * torch.finfo(torch.float32).eps
@@ -77,6 +77,21 @@ def test_labels_other_than_a_mirror_stay_and_values_stay_in_range():
     assert out.frames.min() >= 0 and out.frames.max() <= 1 and torch.isfinite(out.frames).all()
 
 
+def test_an_erased_rectangle_is_one_colour_in_one_place_for_the_whole_sequence():
+    x = frames(batch=8)
+    config = RobustAugmentConfig(probability=1.0, erase=1.0, erase_area=0.3)
+    out = robust_augment(x, labels(8), config, torch.Generator().manual_seed(9)).frames
+    changed = (out != x).any(2)  # [B, T, H, W]
+    for sequence in range(8):
+        assert all(torch.equal(changed[sequence, t], changed[sequence, 0]) for t in range(4))
+        covered = changed[sequence, 0]
+        assert 0 < covered.float().mean() <= 0.3 + 2 * (84 + 96) / (84 * 96)  # the area, give or take its border pixels
+        rows, cols = covered.any(1).nonzero().flatten(), covered.any(0).nonzero().flatten()
+        box = out[sequence, :, :, rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+        assert torch.equal(box, box[:, :, :1, :1].expand_as(box))  # one colour, a rectangle
+    assert torch.equal(out[~changed[:, :, None].expand_as(out)], x[~changed[:, :, None].expand_as(x)])
+
+
 def test_front_camera_frames_are_augmented_in_rgb_and_stay_in_their_range():
     x = frames() * 2 - 1
     out = robust_augment_yuv(x, labels(), EVERYTHING, torch.Generator().manual_seed(7))
@@ -84,7 +99,8 @@ def test_front_camera_frames_are_augmented_in_rgb_and_stay_in_their_range():
     assert torch.equal(out.target[out.flipped, 0], -labels()[out.flipped, 0])
 
 
-@pytest.mark.parametrize(("field", "value"), [("probability", 1.5), ("shift", -0.1), ("rotation", 90.0), ("noise", 0.9)])
+@pytest.mark.parametrize(("field", "value"), [("probability", 1.5), ("shift", -0.1), ("rotation", 90.0), ("noise", 0.9),
+                                              ("erase_area", 0.0)])
 def test_out_of_range_settings_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"robust_augment.*{field}"):
         RobustAugmentConfig(**{field: value})
