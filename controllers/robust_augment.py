@@ -191,16 +191,18 @@ def robust_augment(frames: torch.Tensor, target: torch.Tensor, config: RobustAug
 def robust_augment_yuv(frames: torch.Tensor, target: torch.Tensor, config: RobustAugmentConfig,
                        generator: torch.Generator) -> Augmented:
     """:func:`robust_augment` for Udacity-kind frames (YUV scaled to [−1, 1]), applied in RGB."""
-    result: list[Augmented] = []
-
-    def augment(rgb: torch.Tensor) -> torch.Tensor:
-        result.append(robust_augment(rgb, target, config, generator))
-        return result[0].frames
-
     if not config.enabled:
         return Augmented(frames, target, torch.zeros(frames.shape[0], dtype=torch.bool))
+    augmented: Augmented | None = None
+
+    def augment(rgb: torch.Tensor) -> torch.Tensor:
+        nonlocal augmented
+        augmented = robust_augment(rgb, target, config, generator)
+        return augmented.frames
+
     out = through_rgb(frames, augment)
-    return Augmented(out, result[0].target, result[0].flipped)
+    assert augmented is not None  # through_rgb called augment once
+    return Augmented(out, augmented.target, augmented.flipped)
 
 
 @dataclass(frozen=True)

@@ -75,11 +75,15 @@ def active_steps(score: np.ndarray, alarm: np.ndarray, clear_steps: int, release
     return (alarms_so_far > 0) & (released_so_far == released_at_alarm)
 
 
+def _alarms(episode: ScoredEpisode, name: str, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """A logged episode's score ``name`` and where it alarms (above ``threshold``, after the warm-up)."""
+    score = episode.scores[name]
+    return score, (score > threshold) & (np.arange(len(score)) >= episode.warmup)
+
+
 def episode_active(episode: ScoredEpisode, name: str, threshold: float, clear_steps: int, release: float) -> np.ndarray:
     """The steps of a logged episode that a fallback on score ``name`` would have been in charge of."""
-    score = episode.scores[name]
-    alarm = (score > threshold) & (np.arange(len(score)) >= episode.warmup)
-    return active_steps(score, alarm, clear_steps, release_level(threshold, release))
+    return active_steps(*_alarms(episode, name, threshold), clear_steps, release_level(threshold, release))
 
 
 @dataclass(frozen=True)
@@ -100,16 +104,18 @@ def choose_hold(failing: Sequence[ScoredEpisode], nominal: Sequence[ScoredEpisod
     failures are reported beside every candidate as ``covered``, the share of the ``run_up_s`` before
     each onset that the fallback would have been in charge of (so the choice can be read; it does not
     use them)."""
-    candidates, run_up = [], max(1, round(run_up_s * FPS))
+    run_up, level = max(1, round(run_up_s * FPS)), release_level(threshold, release)
+    onsets = [(_alarms(e, name, threshold), [v.onset for v in e.events if 0 < v.onset < e.steps]) for e in failing if e.events]
+    laps = [(_alarms(e, name, threshold), e.nominal) for e in nominal]
+    total = sum(int(mask.sum()) for _, mask in laps)
+    candidates = []
     for hold_s in sorted(holds_s):
         steps = max(1, round(hold_s * FPS))
         covered = []
-        for episode in failing:
-            active = episode_active(episode, name, threshold, steps, release)
-            covered += [float(active[max(event.onset - run_up, 0): event.onset].mean()) for event in episode.events
-                        if 0 < event.onset < episode.steps]
-        under = sum(int((episode_active(e, name, threshold, steps, release) & e.nominal).sum()) for e in nominal)
-        total = sum(int(e.nominal.sum()) for e in nominal)
+        for alarms, starts in onsets:
+            active = active_steps(*alarms, steps, level)
+            covered += [float(active[max(onset - run_up, 0): onset].mean()) for onset in starts]
+        under = sum(int((active_steps(*alarms, steps, level) & mask).sum()) for alarms, mask in laps)
         candidates.append({"hold_s": steps / FPS, "steps": steps, "covered": float(np.mean(covered)) if covered else None,
                            "failures": len(covered), "nominal_share": under / total if total else None})
     within = [c for c in candidates if c["nominal_share"] is not None and c["nominal_share"] <= budget]

@@ -116,10 +116,6 @@ app.add_typer(udacity_app, name="udacity")
 app.command("protocol")(protocol)
 
 
-def _seeds(text: str, argument: str = "--seeds") -> list[int]:
-    return seed_list(text, argument)
-
-
 def _presets(text: str) -> list[str]:
     from nsacdrive.envs.colours import validate_preset
 
@@ -187,7 +183,7 @@ def collect(
     from nsacdrive.eval.agent_kinds import AGENT_KINDS
 
     recording_renderer(env.value, layout.value, renderer.value if renderer else None, "collect", SETTING_FLAGS)
-    config = CollectConfig(agent=agent, seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+    config = CollectConfig(agent=agent, seeds=seed_list(seeds), colour_presets=_presets(colour_preset),
                            noise=NoiseConfig(noise, noise_seed), max_steps=max_steps,
                            renderer=renderer.value if renderer else None, env=env.value, layout=layout.value, workers=workers,
                            side_offset=side_offset, camera_fov=camera_fov)
@@ -230,7 +226,7 @@ def expert_evaluate(
     presets = _presets(colour_preset)
     if len(presets) != 1:
         raise typer.BadParameter("--colour-preset: give exactly one preset")
-    report = evaluate_agent(agent, _seeds(seeds), presets[0], workers=workers, agent_kinds=AGENT_KINDS)
+    report = evaluate_agent(agent, seed_list(seeds), presets[0], workers=workers, agent_kinds=AGENT_KINDS)
     agg = report.aggregate()
     typer.echo(
         f"{agent} on {agg['episodes']} tracks ({presets[0]}): score {agg['score_mean']:.1f} ± {agg['score_std']:.1f} "
@@ -399,7 +395,7 @@ def sweep(
     if address is None:  # a cluster's workers may have devices this machine lacks
         _check_device(device)
     with _writing(out, "sweep"):
-        trainings = seed_sweep(TrainConfig.from_dict(settings), _seeds(seeds), names, out)
+        trainings = seed_sweep(TrainConfig.from_dict(settings), seed_list(seeds), names, out)
         typer.echo(f"{len(trainings)} trainings ({', '.join(names or [trainings[0][0].model.model])} × seeds {seeds}) "
                    f"on {backend.value}, {workers} at a time → {out}")
         results = []
@@ -590,7 +586,7 @@ def closed_loop_eval(
                         fallback_release=fallback_release, fallback_run=fallback_run, corruption_modules=tuple(corruption_module or ()),
                         **monitoring)
     corruptions = _closed_loop_corruptions(corruption)
-    config = EvalConfig(runs=tuple(map(str, runs)), seeds=_seeds(seeds), colour_presets=_presets(colour_preset),
+    config = EvalConfig(runs=tuple(map(str, runs)), seeds=seed_list(seeds), colour_presets=_presets(colour_preset),
                         corruptions=corruptions, repeats=repeats, trials=trials, drive=drive, batch=batch, workers=workers,
                         backend=backend.value, address=address, inference=inference.value)
     with _writing(out, "eval"):
