@@ -470,6 +470,20 @@ def check(layout: Layout) -> list[str]:
 # ---------------------------------------------------------------- writing a results file
 
 
+def recorded_arguments(argv: list[str], flags: tuple[str, ...] = ("--written",), options: tuple[str, ...] = ()) -> list[str]:
+    """``argv`` as a study records its own command: without ``flags`` (such as ``--written``, which
+    only says how the figures were read) and without ``options`` and their values (recorded apart)."""
+    kept, skip = [], False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument in options:
+            skip = True
+        elif argument not in flags:
+            kept.append(argument)
+    return kept
+
+
 def current_provenance(commands: list[str], configs: list[str | Path], seeds: list[int | str], root: Path = REPO) -> dict[str, Any]:
     """Provenance of a run made now on this machine: git HEAD and dirtiness of ``root``, CPU, cores,
     GPU, package versions, the sha256 of each config (paths relative to ``root``) and the seeds."""

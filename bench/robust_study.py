@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import REPO, Layout, current_provenance, render, write_results
+from bench.results import REPO, Layout, current_provenance, recorded_arguments, render, write_results
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.eval.protocol_config import ProtocolConfig
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
         laps[str(recipe)] = read_laps(folder / f"eval-{args.stage}-{part}" for part in evals)
-    own = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--written"]
+    own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))
     table = laps_table(args.stage, laps, models, seeds, [CLEAN, *presets, *corruptions])
     provenance = current_provenance(commands, [str(r) for r in args.recipes], seeds)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import REPO, Layout, current_provenance, render, write_results
+from bench.results import REPO, Layout, current_provenance, recorded_arguments, render, write_results
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 WINDOWS = ("1", "3")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(command, check=True)
         commands.append(shlex.join(["nsacdrive", *command[1:]]))
         results.append(json.loads((args.out / f"s{seed}" / "protocol.json").read_text()))
-    own = [a for i, a in enumerate(argv) if a != "--written" and a != "--made-with" and (i == 0 or argv[i - 1] != "--made-with")]
+    own = recorded_arguments(argv, options=("--made-with",))
     commands.append(shlex.join(["python", "-m", "bench.safety_protocol", *own,
                                 *(["--", *extra] if extra else [])]))
     provenance = current_provenance(commands, args.config, seeds)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import results
-from bench.results import HEADLINE_END, HEADLINE_START, Layout
+from bench.results import HEADLINE_END, HEADLINE_START, Layout, recorded_arguments
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = sorted((REPO / "results").glob("*.json"))
@@ -188,3 +188,9 @@ def test_put_table_adds_or_replaces_one_table_with_its_own_provenance(layout: La
     assert after[:-1] == before and after[-1]["rows"] == [["controller alone", "2.00 s, ×1.000"]]
     with pytest.raises(results.ResultsError):
         results.put_table("benchmarks", {**table, "rows": [["run on 2026-01-01", 1]]}, root=layout.root)
+
+
+def test_recorded_arguments_drop_how_the_figures_were_read() -> None:
+    argv = ["runs/a", "--written", "--made-with", "nsacdrive train x", "--seeds", "0,1"]
+    assert recorded_arguments(argv, options=("--made-with",)) == ["runs/a", "--seeds", "0,1"]
+    assert recorded_arguments(argv) == ["runs/a", "--made-with", "nsacdrive train x", "--seeds", "0,1"]
