@@ -1,6 +1,7 @@
 """Which recipe keeps driving when the picture changes: recipes × models × training seeds, chosen on
 development families and judged on test families.
 
+    python -m bench.robust_study configs/quality-robust-erase.json … --stage development --seeds 0
     python -m bench.robust_study configs/quality.json configs/quality-robust.json --stage development
     python -m bench.robust_study configs/quality-robust.json --models nsac,levy,gmle,ensemble --stage test
 
@@ -14,8 +15,10 @@ shift families (:mod:`nsacdrive.eval.protocol_config`):
 * ``test``: tracks 42 and 1000–1009, clean and under ``shift-3``, ``color-v0``, ``random`` and
   every test family at severities 3 and 5. These are the robustness targets' conditions.
 
-Every step resumes. Writes ``results/robust-<stage>.json`` with its provenance: laps per
-condition for each recipe and model, per seed, pooled over the families. Then it renders the docs.
+Every step resumes. Each call adds one table to ``results/robust-<stage>.json``, with its
+provenance: laps per condition for each recipe and model, per seed, pooled over the families (a
+call with other recipes or seeds, such as a one-seed screen of candidates, adds its own table).
+Then it renders the docs.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import REPO, Layout, current_provenance, recorded_arguments, render, write_results
+from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render, write_results
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.eval.protocol_config import ProtocolConfig
 
@@ -97,10 +100,24 @@ def laps_table(stage: str, laps: dict[str, dict[tuple[str, str], tuple[int, int]
         pooled.append(" / ".join("–" if s is None else f"{100 * s:.0f} %" for s in shares) + spread)
     rows.append(pooled)
     tracks = STAGES[stage]["tracks"]
-    return {"name": f"Laps, {stage} stage",
+    return {"name": f"Laps, {stage} stage, training seeds {', '.join(map(str, seeds))}",
             "caption": (f"Tracks {tracks}, one episode each per condition, no pedal caution and no fallback; laps per "
                         f"training seed {', '.join(map(str, seeds))}. Recipes are chosen on the development stage alone."),
             "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}
+
+
+def eval_folder(folder: Path, stage: str, seeds: str, part: str) -> Path:
+    """Where a recipe's evaluation of one stage, set of training seeds and part lives: each set of
+    seeds its own folder, so a one-seed screen and the three-seed comparison never mix."""
+    return folder / f"eval-{stage}-seeds-{seeds.replace(',', '_')}-{part}"
+
+
+def save_table(study: str, title: str, table: dict[str, Any], provenance: dict[str, Any], root: Path = REPO) -> Path:
+    """Add ``table`` with its own provenance to ``results/<study>.json`` (replacing the table of its
+    name), or start that file with it: one table per set of recipes and seeds."""
+    if (Layout.of(root).results / f"{study}.json").exists():
+        return put_table(study, {**table, "provenance": provenance}, root)
+    return write_results(study, title, [table], provenance, root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
             evals["colours"] = ["--colour-preset", ",".join(presets)]
         for part, conditions in evals.items():
             steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *conditions, "--workers", str(args.workers),
-                          "--out", str(folder / f"eval-{args.stage}-{part}"), "--resume"])
+                          "--out", str(eval_folder(folder, args.stage, args.seeds, part)), "--resume"])
         for step in steps:
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        laps[str(recipe)] = read_laps(folder / f"eval-{args.stage}-{part}" for part in evals)
+        laps[str(recipe)] = read_laps(eval_folder(folder, args.stage, args.seeds, part) for part in evals)
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))
     table = laps_table(args.stage, laps, models, seeds, [CLEAN, *presets, *corruptions])
     provenance = current_provenance(commands, [str(r) for r in args.recipes], seeds)
-    path = write_results(f"robust-{args.stage}", f"Robust recipes, {args.stage} stage: laps under shifts", [table], provenance)
+    path = save_table(f"robust-{args.stage}", f"Robust recipes, {args.stage} stage: laps under shifts", table, provenance)
     render(Layout.of(REPO))
     print(f"→ {path}")
     return 0

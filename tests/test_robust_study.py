@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from bench.robust_study import CLEAN, laps_table, read_laps, stage_conditions
+from bench import results
+from bench.robust_study import CLEAN, eval_folder, laps_table, read_laps, save_table, stage_conditions
 from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig
 
 
@@ -37,3 +38,18 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
     assert table["rows"][2] == ["fog-3", "5 / 6 / 7 of 10"]
     # seed 0: (9 + 5) / 20, seed 1: (9 + 6) / 20, seed 2: 7 / 10
     assert table["rows"][3][1] == "70 % / 75 % / 70 % (72 ± 2 %)"
+
+
+def test_each_set_of_seeds_has_its_own_folder_and_table(tmp_path):
+    assert eval_folder(tmp_path, "development", "0", "corrupted") != eval_folder(tmp_path, "development", "0-2", "corrupted")
+    assert eval_folder(tmp_path, "test", "0,1", "colours").name == "eval-test-seeds-0_1-colours"
+    provenance = results.current_provenance(["python -m bench.robust_study"], [], [0], root=tmp_path)
+
+    def table(name, cell):
+        return {"name": name, "caption": "", "columns": ["condition", "a, nsac"], "rows": [["clean", cell]]}
+
+    save_table("robust-x", "X", table("seeds 0-2", "1"), provenance, root=tmp_path)
+    save_table("robust-x", "X", table("seeds 0", "2"), provenance, root=tmp_path)
+    path = save_table("robust-x", "X", table("seeds 0-2", "3"), provenance, root=tmp_path)
+    tables = results.load_study(path, results.Layout.of(tmp_path))["tables"]
+    assert [(t["name"], t["rows"][0][1]) for t in tables] == [("seeds 0", "2"), ("seeds 0-2", "3")]
