@@ -135,22 +135,23 @@ def main(argv: list[str] | None = None) -> int:
     protocol = ProtocolConfig()
     corruptions, presets = stage_conditions(args.stage, protocol)
     commands, laps = [], {}
+    evals = {"corrupted": ["--corruption", ",".join(["none", *corruptions])]}
+    if presets:
+        evals["colours"] = ["--colour-preset", ",".join(presets)]
     for recipe in args.recipes:
         folder = args.out / recipe.stem
         runs = [str(folder / f"{model}-s{seed}") for model in models for seed in seeds]
+        outs = {part: eval_folder(folder, args.stage, args.seeds, part) for part in evals}
         steps = [[NSACDRIVE, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
                   "--workers", str(args.workers), "--out", str(folder)]]
-        evals = {"corrupted": ["--corruption", ",".join(["none", *corruptions])]}
-        if presets:
-            evals["colours"] = ["--colour-preset", ",".join(presets)]
         for part, conditions in evals.items():
             steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *conditions, "--workers", str(args.workers),
-                          "--out", str(eval_folder(folder, args.stage, args.seeds, part)), "--resume"])
+                          "--out", str(outs[part]), "--resume"])
         for step in steps:
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        laps[str(recipe)] = read_laps(eval_folder(folder, args.stage, args.seeds, part) for part in evals)
+        laps[str(recipe)] = read_laps(outs.values())
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))
     table = laps_table(args.stage, laps, models, seeds, [CLEAN, *presets, *corruptions])

@@ -40,7 +40,7 @@ from nsacdrive.controllers.augment import through_rgb
 ROBUST_AUGMENT_RANGES = {"probability": UNIT_INTERVAL, "flip": UNIT_INTERVAL, "random_conv": UNIT_INTERVAL,
                          "shift": Range(0, 0.5), "rotation": Range(0, 45), "scale": Range(0, 1),
                          "gamma": Range(0, 2), "blur": Range(0, 3), "noise": Range(0, 0.5), "erase": UNIT_INTERVAL,
-    "erase_area": Range(0, 0.5, low_open=True)}
+                         "erase_area": Range(0, 0.5, low_open=True)}
 #: the widest blur kernel, in sigmas each side
 _BLUR_SIGMAS = 2
 
