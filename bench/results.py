@@ -513,11 +513,14 @@ def write_results(study: str, title: str, tables: list[dict[str, Any]], provenan
     return path
 
 
-def put_table(study: str, table: dict[str, Any], root: Path = REPO) -> Path:
+def put_table(study: str, table: dict[str, Any], root: Path = REPO, title: str | None = None) -> Path:
     """Add ``table`` (with its own provenance) to ``results/<study>.json``, replacing the table of the same
-    name, validated and written atomically; returns the file's path."""
+    name, validated and written atomically; returns the file's path. Given ``title``, a missing file is
+    started with the table, whose provenance becomes the file's."""
     layout = Layout.of(root)
     path = layout.results / f"{study}.json"
+    if title is not None and not path.exists():
+        return write_results(study, title, [table], table["provenance"], root)
     data = load_study(path, layout)
     data["tables"] = [t for t in data["tables"] if t["name"] != table["name"]] + [table]
     validate_study(data, study, f"results/{study}.json")

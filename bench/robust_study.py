@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render, write_results
-from nsacdrive.common.seeds import parse_seeds
+from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
+from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.eval.protocol_config import ProtocolConfig
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
@@ -106,18 +106,11 @@ def laps_table(stage: str, laps: dict[str, dict[tuple[str, str], tuple[int, int]
             "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}
 
 
-def eval_folder(folder: Path, stage: str, seeds: str, part: str) -> Path:
+def eval_folder(folder: Path, stage: str, seeds: list[int], part: str) -> Path:
     """Where a recipe's evaluation of one stage, set of training seeds and part lives: each set of
-    seeds its own folder, so a one-seed screen and the three-seed comparison never mix."""
-    return folder / f"eval-{stage}-seeds-{seeds.replace(',', '_')}-{part}"
-
-
-def save_table(study: str, title: str, table: dict[str, Any], provenance: dict[str, Any], root: Path = REPO) -> Path:
-    """Add ``table`` with its own provenance to ``results/<study>.json`` (replacing the table of its
-    name), or start that file with it: one table per set of recipes and seeds."""
-    if (Layout.of(root).results / f"{study}.json").exists():
-        return put_table(study, {**table, "provenance": provenance}, root)
-    return write_results(study, title, [table], provenance, root)
+    seeds its own folder, so a one-seed screen and the three-seed comparison never mix, and ``0,1,2``
+    and ``0-2`` share one."""
+    return folder / f"eval-{stage}-seeds-{format_seeds(seeds).replace(',', '_')}-{part}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for recipe in args.recipes:
         folder = args.out / recipe.stem
         runs = [str(folder / f"{model}-s{seed}") for model in models for seed in seeds]
-        outs = {part: eval_folder(folder, args.stage, args.seeds, part) for part in evals}
+        outs = {part: eval_folder(folder, args.stage, seeds, part) for part in evals}
         steps = [[NSACDRIVE, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
                   "--workers", str(args.workers), "--out", str(folder)]]
         for part, conditions in evals.items():
@@ -156,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))
     table = laps_table(args.stage, laps, models, seeds, [CLEAN, *presets, *corruptions])
     provenance = current_provenance(commands, [str(r) for r in args.recipes], seeds)
-    path = save_table(f"robust-{args.stage}", f"Robust recipes, {args.stage} stage: laps under shifts", table, provenance)
+    path = put_table(f"robust-{args.stage}", {**table, "provenance": provenance}, REPO,
+                     title=f"Robust recipes, {args.stage} stage: laps under shifts")
     render(Layout.of(REPO))
     print(f"→ {path}")
     return 0

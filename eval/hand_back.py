@@ -81,11 +81,6 @@ def _alarms(episode: ScoredEpisode, name: str, threshold: float) -> tuple[np.nda
     return score, (score > threshold) & (np.arange(len(score)) >= episode.warmup)
 
 
-def episode_active(episode: ScoredEpisode, name: str, threshold: float, clear_steps: int, release: float) -> np.ndarray:
-    """The steps of a logged episode that a fallback on score ``name`` would have been in charge of."""
-    return active_steps(*_alarms(episode, name, threshold), clear_steps, release_level(threshold, release))
-
-
 @dataclass(frozen=True)
 class HoldChoice:
     """The hold chosen on development logs, and what every candidate would have done there."""

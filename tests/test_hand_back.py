@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsacdrive.envs.car_racing import FPS
-from nsacdrive.eval.hand_back import HandBack, active_steps, choose_hold, episode_active
+from nsacdrive.eval.hand_back import HandBack, active_steps, choose_hold
 from nsacdrive.eval.misbehaviour import Event
 from nsacdrive.eval.monitor import EpisodeScores
 
@@ -38,9 +38,11 @@ def trace(alarms_at: list[int], steps: int, fail_at: int | None = None, warmup: 
 
 
 def test_no_alarm_is_raised_in_the_warmup():
-    episode = trace([5, 40], 60, warmup=10)
-    active = episode_active(episode, "s", 1.0, 3, 1.0)
-    assert not active[:40].any() and active[40:43].all() and not active[43:].any()
+    """A spike at step 8 of a 10-step warmup would hand over steps 8–10, one of them nominal; only the
+    spike at 40 does (3 of the 50 nominal steps)."""
+    episode = trace([8, 40], 60, warmup=10)
+    choice = choose_hold([], [episode], "s", 1.0, holds_s=(3 / FPS,), budget=1.0)
+    assert choice.candidates[0]["nominal_share"] == pytest.approx(3 / 50)
 
 
 def test_the_hold_is_the_longest_within_the_nominal_budget():

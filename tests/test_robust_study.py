@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bench import results
-from bench.robust_study import CLEAN, eval_folder, laps_table, read_laps, save_table, stage_conditions
+from bench.robust_study import CLEAN, eval_folder, laps_table, read_laps, stage_conditions
 from nsacdrive.eval.protocol_config import DEVELOPMENT_FAMILIES, TEST_FAMILIES, ProtocolConfig
 
 
@@ -41,15 +41,15 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
 
 
 def test_each_set_of_seeds_has_its_own_folder_and_table(tmp_path):
-    assert eval_folder(tmp_path, "development", "0", "corrupted") != eval_folder(tmp_path, "development", "0-2", "corrupted")
-    assert eval_folder(tmp_path, "test", "0,1", "colours").name == "eval-test-seeds-0_1-colours"
+    assert eval_folder(tmp_path, "development", [0], "corrupted") != eval_folder(tmp_path, "development", [0, 1, 2], "corrupted")
+    assert eval_folder(tmp_path, "development", [0, 1, 2], "corrupted").name == "eval-development-seeds-0-2-corrupted"
+    assert eval_folder(tmp_path, "test", [0, 1, 5], "colours").name == "eval-test-seeds-0-1_5-colours"
     provenance = results.current_provenance(["python -m bench.robust_study"], [], [0], root=tmp_path)
 
     def table(name, cell):
         return {"name": name, "caption": "", "columns": ["condition", "a, nsac"], "rows": [["clean", cell]]}
 
-    save_table("robust-x", "X", table("seeds 0-2", "1"), provenance, root=tmp_path)
-    save_table("robust-x", "X", table("seeds 0", "2"), provenance, root=tmp_path)
-    path = save_table("robust-x", "X", table("seeds 0-2", "3"), provenance, root=tmp_path)
+    for name, cell in [("seeds 0-2", "1"), ("seeds 0", "2"), ("seeds 0-2", "3")]:
+        path = results.put_table("robust-x", {**table(name, cell), "provenance": provenance}, root=tmp_path, title="X")
     tables = results.load_study(path, results.Layout.of(tmp_path))["tables"]
     assert [(t["name"], t["rows"][0][1]) for t in tables] == [("seeds 0", "2"), ("seeds 0-2", "3")]
