@@ -100,7 +100,8 @@ def laps_table(stage: str, laps: dict[str, dict[tuple[str, str], tuple[int, int]
         pooled.append(" / ".join("–" if s is None else f"{100 * s:.0f} %" for s in shares) + spread)
     rows.append(pooled)
     tracks = STAGES[stage]["tracks"]
-    return {"name": f"Laps, {stage} stage, training seeds {', '.join(map(str, seeds))}",
+    recipes = ", ".join(dict.fromkeys(Path(recipe).stem for recipe in laps))
+    return {"name": f"Laps, {stage} stage, training seeds {', '.join(map(str, seeds))}: {recipes} ({', '.join(models)})",
             "caption": (f"Tracks {tracks}, one episode each per condition, no pedal caution and no fallback; laps per "
                         f"training seed {', '.join(map(str, seeds))}. Recipes are chosen on the development stage alone."),
             "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}

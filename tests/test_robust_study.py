@@ -32,6 +32,7 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
     rows += [(f"nsac-s{s}", "none", "random", 9) for s in range(2)]  # seed 2 not driven yet
     laps = {"configs/a.json": read_laps([aggregates(tmp_path / "a", rows)])}
     table = laps_table("test", laps, ["nsac"], [0, 1, 2], [CLEAN, "random", "fog-3"])
+    assert table["name"] == "Laps, test stage, training seeds 0, 1, 2: a (nsac)"  # one name per set of recipes, models and seeds
     assert table["columns"] == ["condition", "a, nsac"]
     assert table["rows"][0] == ["clean", "10 / 10 / 10 of 10"]
     assert table["rows"][1] == ["random", "9 / 9 / – of 10"]
