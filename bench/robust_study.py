@@ -39,11 +39,11 @@ from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.eval.protocol_config import ProtocolConfig
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
-STAGES = {
-    "development": {"tracks": "1010-1020", "presets": ()},
-    "test": {"tracks": "42,1000-1009", "presets": ("shift-3", "color-v0", "random")},
-}
 CLEAN = "clean"
+STAGES = {
+    "development": {"tracks": "1010-1020", "presets": (), "scored": ()},
+    "test": {"tracks": "42,1000-1009", "presets": ("shift-3", "color-v0", "random"), "scored": (CLEAN, "shift-3", "color-v0")},
+}
 
 
 def stage_conditions(stage: str, protocol: ProtocolConfig) -> tuple[list[str], list[str]]:
@@ -61,33 +61,32 @@ def condition_of(row: dict[str, Any]) -> str:
     return CLEAN if row["colour_preset"] == "default" else row["colour_preset"]
 
 
-def read_laps(eval_dirs: Iterable[Path]) -> dict[tuple[str, str], tuple[int, int]]:
-    """(run, condition) → (laps, episodes) over the evaluations' ``aggregates.json``."""
-    out: dict[tuple[str, str], tuple[int, int]] = {}
+Laps = dict[tuple[str, str], tuple[int, int, float]]
+
+
+def read_laps(eval_dirs: Iterable[Path]) -> Laps:
+    """(run, condition) → (laps, episodes, mean score) over the evaluations' ``aggregates.json``."""
+    out: Laps = {}
     for folder in eval_dirs:
         for row in json.loads((folder / "aggregates.json").read_text())["aggregates"]:
-            out[(row["run"], condition_of(row))] = (int(row["laps"]), int(row["episodes"]))
+            out[(row["run"], condition_of(row))] = (int(row["laps"]), int(row["episodes"]), float(row["score_mean"]))
     return out
 
 
-def laps_table(stage: str, laps: dict[str, dict[tuple[str, str], tuple[int, int]]], models: list[str], seeds: list[int],
-               conditions: list[str]) -> dict[str, Any]:
+def laps_table(stage: str, laps: dict[str, Laps], models: list[str], seeds: list[int], conditions: list[str]) -> dict[str, Any]:
     """One row per condition and a pooled row per seed; one column per recipe × model, cells the laps
-    per seed (``a / b / c of N``)."""
+    per seed (``a / b / c of N``), and the mean score per seed where the stage's targets name one."""
     columns = [(recipe, model) for recipe in laps for model in models]
 
-    def cell(recipe: str, model: str, condition: str) -> tuple[list[int | None], int | None]:
+    def cell(recipe: str, model: str, condition: str) -> str:
         found = [laps[recipe].get((f"{model}-s{seed}", condition)) for seed in seeds]
-        episodes = next((n for _, n in filter(None, found)), None)
-        return [None if f is None else f[0] for f in found], episodes
+        episodes = next((f[1] for f in found if f is not None), None)
+        text = " / ".join("–" if f is None else str(f[0]) for f in found) + (f" of {episodes}" if episodes else "")
+        if condition in STAGES[stage]["scored"]:
+            text += ", score " + " / ".join("–" if f is None else f"{f[2]:.0f}" for f in found)
+        return text
 
-    rows = []
-    for condition in conditions:
-        row = [condition]
-        for recipe, model in columns:
-            counts, episodes = cell(recipe, model, condition)
-            row.append(" / ".join("–" if c is None else str(c) for c in counts) + (f" of {episodes}" if episodes else ""))
-        rows.append(row)
+    rows = [[condition, *(cell(recipe, model, condition) for recipe, model in columns)] for condition in conditions]
     pooled = ["**shifted, pooled: laps per seed (mean ± std)**"]
     for recipe, model in columns:
         shares = []

@@ -23,7 +23,7 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
     def aggregates(folder, rows):
         folder.mkdir(parents=True)
         (folder / "aggregates.json").write_text(json.dumps({"aggregates": [
-            {"run": run, "corruption": corruption, "colour_preset": preset, "laps": laps, "episodes": 10}
+            {"run": run, "corruption": corruption, "colour_preset": preset, "laps": laps, "episodes": 10, "score_mean": 900.0 + laps}
             for run, corruption, preset, laps in rows]}))
         return folder
 
@@ -34,7 +34,7 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
     table = laps_table("test", laps, ["nsac"], [0, 1, 2], [CLEAN, "random", "fog-3"])
     assert table["name"] == "Laps, test stage, training seeds 0, 1, 2: a (nsac)"  # one name per set of recipes, models and seeds
     assert table["columns"] == ["condition", "a, nsac"]
-    assert table["rows"][0] == ["clean", "10 / 10 / 10 of 10"]
+    assert table["rows"][0] == ["clean", "10 / 10 / 10 of 10, score 910 / 910 / 910"]  # the test stage's targets name a score
     assert table["rows"][1] == ["random", "9 / 9 / – of 10"]
     assert table["rows"][2] == ["fog-3", "5 / 6 / 7 of 10"]
     # seed 0: (9 + 5) / 20, seed 1: (9 + 6) / 20, seed 2: 7 / 10
