@@ -106,11 +106,11 @@ def laps_table(stage: str, laps: dict[str, Laps], models: list[str], seeds: list
             "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}
 
 
-def eval_folder(folder: Path, stage: str, seeds: list[int], part: str) -> Path:
-    """Where a recipe's evaluation of one stage, set of training seeds and part lives: each set of
-    seeds its own folder, so a one-seed screen and the three-seed comparison never mix, and ``0,1,2``
-    and ``0-2`` share one."""
-    return folder / f"eval-{stage}-seeds-{format_seeds(seeds).replace(',', '_')}-{part}"
+def eval_folder(folder: Path, stage: str, model: str, seeds: list[int], part: str) -> Path:
+    """Where a recipe's evaluation of one stage, model, set of training seeds and part lives: each
+    model and set of seeds its own folder, so a one-seed screen and the three-seed comparison never
+    mix, a model added later drives only its own episodes, and ``0,1,2`` and ``0-2`` share one."""
+    return folder / f"eval-{stage}-{model}-seeds-{format_seeds(seeds).replace(',', '_')}-{part}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         evals["colours"] = ["--colour-preset", ",".join(presets)]
     for recipe in args.recipes:
         folder = args.out / recipe.stem
-        runs = [str(folder / f"{model}-s{seed}") for model in models for seed in seeds]
-        outs = {part: eval_folder(folder, args.stage, seeds, part) for part in evals}
+        outs = {(model, part): eval_folder(folder, args.stage, model, seeds, part) for model in models for part in evals}
         steps = [[NSACDRIVE, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
                   "--workers", str(args.workers), "--out", str(folder)]]
-        for part, conditions in evals.items():
-            steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *conditions, "--workers", str(args.workers),
-                          "--out", str(outs[part]), "--resume"])
+        for (model, part), out in outs.items():
+            runs = [str(folder / f"{model}-s{seed}") for seed in seeds]
+            steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *evals[part], "--workers", str(args.workers),
+                          "--out", str(out), "--resume"])
         for step in steps:
             if not args.written:
                 subprocess.run(step, check=True)

@@ -41,10 +41,10 @@ def test_the_table_gives_laps_per_seed_and_pools_the_shifted_conditions(tmp_path
     assert table["rows"][3][1] == "70 % / 75 % / 70 % (72 ± 2 %)"
 
 
-def test_each_set_of_seeds_has_its_own_folder_and_table(tmp_path):
-    assert eval_folder(tmp_path, "development", [0], "corrupted") != eval_folder(tmp_path, "development", [0, 1, 2], "corrupted")
-    assert eval_folder(tmp_path, "development", [0, 1, 2], "corrupted").name == "eval-development-seeds-0-2-corrupted"
-    assert eval_folder(tmp_path, "test", [0, 1, 5], "colours").name == "eval-test-seeds-0-1_5-colours"
+def test_each_model_and_set_of_seeds_has_its_own_folder_and_each_set_its_table(tmp_path):
+    assert eval_folder(tmp_path, "development", "nsac", [0], "corrupted") != eval_folder(tmp_path, "development", "nsac", [0, 1, 2], "corrupted")
+    assert eval_folder(tmp_path, "development", "nsac", [0, 1, 2], "corrupted").name == "eval-development-nsac-seeds-0-2-corrupted"
+    assert eval_folder(tmp_path, "test", "gmle", [0, 1, 5], "colours").name == "eval-test-gmle-seeds-0-1_5-colours"
     provenance = results.current_provenance(["python -m bench.robust_study"], [], [0], root=tmp_path)
 
     def table(name, cell):
