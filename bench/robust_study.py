@@ -78,8 +78,11 @@ def laps_table(stage: str, laps: dict[str, Laps], models: list[str], seeds: list
     per seed (``a / b / c of N``), and the mean score per seed where the stage's targets name one."""
     columns = [(recipe, model) for recipe in laps for model in models]
 
+    def per_seed(recipe: str, model: str, condition: str) -> list[tuple[int, int, float] | None]:
+        return [laps[recipe].get((f"{model}-s{seed}", condition)) for seed in seeds]
+
     def cell(recipe: str, model: str, condition: str) -> str:
-        found = [laps[recipe].get((f"{model}-s{seed}", condition)) for seed in seeds]
+        found = per_seed(recipe, model, condition)
         episodes = next((f[1] for f in found if f is not None), None)
         text = " / ".join("–" if f is None else str(f[0]) for f in found) + (f" of {episodes}" if episodes else "")
         if condition in STAGES[stage]["scored"]:
@@ -89,20 +92,19 @@ def laps_table(stage: str, laps: dict[str, Laps], models: list[str], seeds: list
     rows = [[condition, *(cell(recipe, model, condition) for recipe, model in columns)] for condition in conditions]
     pooled = ["**shifted, pooled: laps per seed (mean ± std)**"]
     for recipe, model in columns:
-        shares = []
-        for seed in seeds:
-            found = [laps[recipe].get((f"{model}-s{seed}", c)) for c in conditions if c != CLEAN]
-            found = [f for f in found if f is not None]
+        shares, shifted = [], [per_seed(recipe, model, c) for c in conditions if c != CLEAN]
+        for index in range(len(seeds)):
+            found = [row[index] for row in shifted if row[index] is not None]
             shares.append(sum(f[0] for f in found) / sum(f[1] for f in found) if found else None)
         present = [s for s in shares if s is not None]
         spread = f" ({100 * np.mean(present):.0f} ± {100 * np.std(present):.0f} %)" if present else ""
         pooled.append(" / ".join("–" if s is None else f"{100 * s:.0f} %" for s in shares) + spread)
     rows.append(pooled)
-    tracks = STAGES[stage]["tracks"]
+    tracks, seed_list = STAGES[stage]["tracks"], ", ".join(map(str, seeds))
     recipes = ", ".join(dict.fromkeys(Path(recipe).stem for recipe in laps))
-    return {"name": f"Laps, {stage} stage, training seeds {', '.join(map(str, seeds))}: {recipes} ({', '.join(models)})",
+    return {"name": f"Laps, {stage} stage, training seeds {seed_list}: {recipes} ({', '.join(models)})",
             "caption": (f"Tracks {tracks}, one episode each per condition, no pedal caution and no fallback; laps per "
-                        f"training seed {', '.join(map(str, seeds))}. Recipes are chosen on the development stage alone."),
+                        f"training seed {seed_list}. Recipes are chosen on the development stage alone."),
             "columns": ["condition", *(f"{Path(recipe).stem}, {model}" for recipe, model in columns)], "rows": rows}
 
 
