@@ -407,8 +407,9 @@ TRACE_SCORES = ["steer_std", "density", "abs_steer", "curvature"]
 def write_monitor(result: dict[str, Any], episodes: list[EpisodeScores], out: Path) -> str:
     """``monitor.json``, ``monitor.md``, ``figures/window-Ns.png`` and ``figures/traces.png`` in ``out``; returns the table."""
     from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
+    from nsacdrive.common.figures import save_figure
     from nsacdrive.common.versions import write_versions
-    from nsacdrive.eval.plots import monitor_traces_figure, monitor_window_figure, save_figure
+    from nsacdrive.eval.plots import monitor_traces_figure, monitor_window_figure
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

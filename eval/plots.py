@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from nsacdrive.common.atomic import atomic_path
+from nsacdrive.common.figures import new_figure, save_figure
 from nsacdrive.envs.car_racing import FPS, env_track
 from nsacdrive.envs.geometry import TRACK_HALF_WIDTH
 from nsacdrive.eval.results import (
@@ -44,7 +43,6 @@ from nsacdrive.eval.results import (
 
 ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LIMITS = ((-1.0, 1.0), (0.0, 1.0), (0.0, 1.0))
-DPI = 110
 PATH_MARGIN = 30.0  # world units shown around the driven path (a lap shows the whole track)
 
 
@@ -372,20 +370,3 @@ def monitor_traces_figure(episodes: list[Any], result: dict[str, Any], names: li
     axes[0].legend(fontsize=7, ncol=len(names), loc="upper left")
     axes[-1].set_xlabel("time (s)")
     return fig
-
-
-# --------------------------------------------------------------------------- output
-
-
-def new_figure(figsize: tuple[float, float]) -> Figure:
-    """A stand-alone figure on the Agg canvas (never registered with pyplot)."""
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as a PNG atomically (a reader never sees half a file); returns ``path``."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI)
-    return path

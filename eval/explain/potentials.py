@@ -41,12 +41,13 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_npz, json_safe
+from nsacdrive.common.figures import new_figure
 from nsacdrive.controllers.actions import ACTION_NAMES
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.heads import LevyHead
 from nsacdrive.controllers.nsac import NAC, NSAC, NSACInternals, scatter_to_positions
 from nsacdrive.envs.geometry import TrackGeometry
-from nsacdrive.eval.plots import TrackMap, new_figure, path_panel, spearman
+from nsacdrive.eval.plots import TrackMap, path_panel, spearman
 from nsacdrive.eval.results import EvaluationError
 
 BANDS = ("left", "straight", "right")

@@ -49,10 +49,11 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from torch import nn
 
+from nsacdrive.common.figures import new_figure
 from nsacdrive.controllers.controller import Controller
 from nsacdrive.controllers.encoders import PerFrameEncoder
 from nsacdrive.envs.observation import PREPROCESSED_FRAME_SHAPE, preprocess_observation
-from nsacdrive.eval.plots import new_figure, spearman
+from nsacdrive.eval.plots import spearman
 
 TARGETS = ("steer", "gas", "brake", "steer_std")
 TARGET_MEANINGS = {
