@@ -3,8 +3,9 @@
 Two observation kinds:
 
 - ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32) from a
-  render-free env, so training runs at physics speed. VecNormalize normalises observations and
-  rewards. :meth:`PPOConfig.state_recipe` adds three standard shapings of the control problem
+  render-free env, read once per decision, so training runs at physics speed (the policy's
+  updates run on one thread: for a small MLP that is fastest). VecNormalize normalises
+  observations and rewards. :meth:`PPOConfig.state_recipe` adds three standard shapings of the control problem
   (not of the score): one signed pedal axis instead of gas and brake (a Gaussian policy over
   both presses them together and the car crawls), each decision held for 2 physics steps, and,
   in the TRAINING envs only, an episode ends with a penalty after a stretch off the road (no
@@ -22,8 +23,9 @@ A trained folder holds:
 - ``model.zip`` (the SB3 model with its optimiser state) and ``vecnormalize.pkl`` (the
   VecNormalize wrapper, reward statistics included): what ``nsacdrive expert train --resume``
   continues from.
-- ``config.json`` (:class:`PPOConfig`), ``tensorboard/``, ``eval/`` and, with evaluation on,
-  ``best/`` (the best evaluated model, itself a ``ppo:DIR/best`` folder).
+- ``config.json`` (:class:`PPOConfig`), ``tensorboard/`` and, with evaluation on, ``eval/`` (the
+  learning curve: ``curve.json`` and ``curve.png``, :mod:`nsacdrive.agents.ppo_curve`) and ``best/``
+  (the best evaluated model, itself a ``ppo:DIR/best`` folder).
 
 Every save writes each file atomically (at the end of training, after Ctrl-C, and into ``best/``).
 ``model.zip`` and ``vecnormalize.pkl`` are pickles (SB3 stores parts of the model with cloudpickle):
@@ -51,6 +53,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
+from nsacdrive.agents.ppo_curve import new_curve_recorder, read_curve
 from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, check_ranges
@@ -126,7 +129,7 @@ class PedalAction(gym.ActionWrapper):
 
 
 class OffRoadTermination(gym.Wrapper):
-    """End a training episode after ``patience`` consecutive steps off the road (|lateral error| >
+    """End a training episode after ``patience`` consecutive decisions off the road (|lateral error| >
     half the road width), adding ``penalty`` to that step's reward. Observations are state vectors."""
 
     LATERAL = STATE_FIELDS.index("lateral_error")
@@ -149,14 +152,26 @@ class OffRoadTermination(gym.Wrapper):
         return observation, reward, terminated, truncated, info
 
 
+class LapSuccess(gym.Wrapper):
+    """Mark each finished episode's info with ``is_success`` (the lap was finished), which SB3's
+    EvalCallback counts: evaluation envs only."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            info = {**info, "is_success": bool(info.get("lap_finished", False))}
+        return observation, reward, terminated, truncated, info
+
+
 def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE_STEPS, frame_skip: int = 1,
                    pedal_action: bool = False, off_road_patience: int = 0, off_road_penalty: float = 0.0) -> gym.Env:
     """Render-free CarRacing whose observations are privileged state vectors (options: see :class:`PPOConfig`)."""
-    env: gym.Env = PrivilegedStateObservation(make_car_racing(render_observations=False, max_episode_steps=max_episode_steps))
+    env: gym.Env = make_car_racing(render_observations=False, max_episode_steps=max_episode_steps)
+    if frame_skip > 1:  # below the observation: the state is computed once per decision, not per physics step
+        env = FrameSkip(env, frame_skip)
+    env = PrivilegedStateObservation(env)
     if off_road_patience > 0:
         env = OffRoadTermination(env, off_road_patience, off_road_penalty)
-    if frame_skip > 1:
-        env = FrameSkip(env, frame_skip)
     if pedal_action:
         env = PedalAction(env)
     if seed is not None:
@@ -211,7 +226,7 @@ class PPOConfig:
     frame_stack: int = 1
     frame_skip: int = 1
     pedal_action: bool = False  # state: one signed pedal axis (PedalAction)
-    off_road_patience: int = 0  # state, training envs only: end after this many steps off the road (0 = never)
+    off_road_patience: int = 0  # state, training envs only: end after this many decisions off the road (0 = never)
     off_road_penalty: float = 0.0  # ... with this subtracted from the reward
     progress_bar: bool = True
 
@@ -226,7 +241,7 @@ class PPOConfig:
     @classmethod
     def state_recipe(cls, **overrides: Any) -> PPOConfig:
         """PPO on the privileged state: pedal axis, decisions held 2 steps, off-road termination in training."""
-        recipe: dict[str, Any] = dict(obs="state", frame_skip=2, pedal_action=True, off_road_patience=25,
+        recipe: dict[str, Any] = dict(obs="state", frame_skip=2, pedal_action=True, off_road_patience=13,
                                       off_road_penalty=20.0, n_steps=1024, batch_size=256, gamma=0.99)
         recipe.update(overrides)
         return cls(**recipe)
@@ -273,7 +288,8 @@ def _vec_env(config: PPOConfig, seed: int, n_envs: int, training: bool = True):
 
     vec_cls = SubprocVecEnv if n_envs > 1 else DummyVecEnv
     kwargs = {"start_method": "forkserver"} if n_envs > 1 else None
-    venv = make_vec_env(_env_factory(config, training), n_envs=n_envs, seed=seed, vec_env_cls=vec_cls, vec_env_kwargs=kwargs)
+    venv = make_vec_env(_env_factory(config, training), n_envs=n_envs, seed=seed, vec_env_cls=vec_cls, vec_env_kwargs=kwargs,
+                        wrapper_class=None if training else LapSuccess)
     if config.frame_stack > 1:
         venv = VecFrameStack(venv, config.frame_stack)
     return venv
@@ -322,9 +338,10 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
     ``progress_bar``; ``obs`` must match. Resuming loads ``model.zip`` and ``vecnormalize.pkl``,
     pickles that can execute code: resume only folders you made yourself.
     """
+    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import EvalCallback
-    from stable_baselines3.common.utils import get_linear_fn
+    from stable_baselines3.common.utils import LinearSchedule
     from stable_baselines3.common.vec_env import VecNormalize
 
     out = Path(out_dir)
@@ -339,6 +356,8 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
     elif (out / MODEL_FILE).exists():
         raise FileExistsError(f"{out / MODEL_FILE} exists: pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    if config.obs == "state":  # a small MLP: one thread runs its updates fastest and leaves the other cores to the envs
+        torch.set_num_threads(1)
 
     venv = _vec_env(config, config.seed, config.n_envs)
     if resume:
@@ -361,7 +380,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             n_epochs=config.n_epochs,
             gamma=config.gamma,
             gae_lambda=config.gae_lambda,
-            learning_rate=get_linear_fn(config.learning_rate, 0.0, 1.0) if config.linear_lr else config.learning_rate,
+            learning_rate=LinearSchedule(config.learning_rate, 0.0, 1.0) if config.linear_lr else config.learning_rate,
             ent_coef=config.ent_coef,
             clip_range=config.clip_range,
             vf_coef=config.vf_coef,
@@ -383,15 +402,20 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
         best_dir.mkdir(exist_ok=True)
         eval_env = VecNormalize(_vec_env(config, config.seed + EVAL_SEED_OFFSET, 1, training=False), norm_obs=config.norm_obs,
                                 norm_reward=False, training=False, gamma=config.gamma)
-        callbacks.append(EvalCallback(
+        evaluation = EvalCallback(
             eval_env,
             n_eval_episodes=config.eval_episodes,
             eval_freq=max(1, config.eval_freq // config.n_envs),
             log_path=str(out / "eval"),
             deterministic=True,
             callback_on_new_best=_new_best_saver(best_dir, config),
+            callback_after_eval=new_curve_recorder(out / "eval"),
             verbose=0,
-        ))
+        )
+        earlier = read_curve(out / "eval")
+        if earlier:  # a resumed run keeps best/ unless it evaluates better than every earlier point
+            evaluation.best_mean_reward = max(p.score_mean for p in earlier)
+        callbacks.append(evaluation)
     available = _progress_bar_available()
     progress_bar = config.progress_bar and available and is_terminal(sys.stdout)
     if config.progress_bar and not available:

@@ -246,19 +246,16 @@ def expert_train(
     resume: bool = typer.Option(False, "--resume", help="Continue from --out/model.zip and its VecNormalize statistics."),
     seed: int = typer.Option(0, "--seed", help="Seed of the policy and of the training track stream."),
     n_envs: Optional[int] = typer.Option(None, "--n-envs", min=1, help="Parallel envs (default 2 for state, 8 for pixels)."),
-    eval_freq: int = typer.Option(25_000, "--eval-freq", min=0, help="Env steps between evaluations (0 = none)."),
-    eval_episodes: int = typer.Option(5, "--eval-episodes", min=1, help="Episodes per evaluation."),
+    eval_freq: Optional[int] = typer.Option(None, "--eval-freq", min=0, help="Decisions between evaluations on the seed's own evaluation tracks (0 = none); each extends eval/curve.json and eval/curve.png. Default: the recipe's."),
+    eval_episodes: Optional[int] = typer.Option(None, "--eval-episodes", min=1, help="Episodes per evaluation. Default: the recipe's."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:
     """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
     check_output_folder(out)
     from nsacdrive.agents.ppo import PPOConfig, train_ppo
 
-    overrides: dict = {"seed": seed, "eval_freq": eval_freq, "eval_episodes": eval_episodes, "progress_bar": progress}
-    if timesteps is not None:
-        overrides["timesteps"] = timesteps
-    if n_envs is not None:
-        overrides["n_envs"] = n_envs
+    options = {"timesteps": timesteps, "n_envs": n_envs, "eval_freq": eval_freq, "eval_episodes": eval_episodes}
+    overrides: dict = {"seed": seed, "progress_bar": progress, **{k: v for k, v in options.items() if v is not None}}
     config = PPOConfig.pixels_recipe(**overrides) if obs.value == "pixels" else PPOConfig.state_recipe(**overrides)
     model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"trained {model.num_timesteps} steps → {out} (policy.safetensors + policy.json drive it, "

@@ -12,26 +12,33 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import nsacdrive.agents.ppo as ppo_module
 from nsacdrive.agents.ppo import (
     CONFIG_FILE,
     MODEL_FILE,
     POLICY_FILE,
     POLICY_WEIGHTS_FILE,
     VECNORMALIZE_FILE,
+    LapSuccess,
     OffRoadTermination,
+    PedalAction,
     PPOAgent,
     PPOConfig,
     PrivilegedStateObservation,
+    _env_factory,
+    _vec_env,
     export_policy,
     make_pixel_env,
     make_state_env,
     pedal_to_car_action,
     train_ppo,
 )
+from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, read_curve
 from nsacdrive.agents.registry import make_agent
 from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
@@ -84,6 +91,65 @@ def test_state_wrapper_gives_privileged_vector():
     env.close()
 
 
+def test_state_with_frame_skip_is_read_once_per_decision_after_the_last_physics_step(monkeypatch):
+    reads = []
+    monkeypatch.setattr(ppo_module, "privileged_state", lambda env: reads.append(1) or privileged_state(env))
+    env = make_state_env(max_episode_steps=50, frame_skip=2, pedal_action=True)
+    env.reset(seed=5)
+    for _ in range(3):
+        observation, *_ = env.step(np.array([0.2, 0.6], dtype=np.float32))
+        np.testing.assert_array_equal(observation, privileged_state(env).as_vector())
+    assert len(reads) == 1 + 3  # the reset and one per decision, not one per physics step
+    env.close()
+
+
+def wrappers_of(env) -> list[type]:
+    kinds = []
+    while hasattr(env, "env"):
+        kinds.append(type(env))
+        env = env.env
+    return kinds
+
+
+def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
+    config = PPOConfig.state_recipe(max_episode_steps=20)
+    training, evaluation = (_env_factory(config, training=flag)() for flag in (True, False))
+    assert OffRoadTermination in wrappers_of(training) and OffRoadTermination not in wrappers_of(evaluation)
+    assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
+    venv = _vec_env(config, seed=3, n_envs=1, training=False)
+    venv.reset()
+    done, infos = False, [{}]
+    while not done:
+        _, _, dones, infos = venv.step(np.zeros((1, 2), dtype=np.float32))
+        done = bool(dones[0])
+    assert infos[0]["is_success"] is False  # 20 physics steps: no lap, counted as one not finished
+    venv.close()
+
+
+class _Finishes(gym.Env):
+    """Ends its one-step episodes with ``lap_finished`` as told."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+    def __init__(self, lap_finished: bool) -> None:
+        self.lap_finished = lap_finished
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 1.0, self.lap_finished, not self.lap_finished, {"lap_finished": self.lap_finished}
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_lap_success_marks_the_end_of_an_episode(finished):
+    env = LapSuccess(_Finishes(finished))
+    env.reset()
+    *_, info = env.step(np.zeros(1, np.float32))
+    assert info["is_success"] is finished
+
+
 def test_pixel_recipe_constructs():
     config = PPOConfig.pixels_recipe()
     assert (config.frame_stack, config.frame_skip, config.n_envs, config.timesteps) == (2, 2, 8, 4_000_000)
@@ -123,6 +189,33 @@ def test_smoke_training_saves_reloads_and_acts(trained):
     # The best evaluated model is itself a loadable ppo: folder.
     best = PPOAgent(trained / "best")
     assert best.agent_id == "ppo-state"
+
+
+def test_training_records_and_plots_its_learning_curve(trained):
+    points = read_curve(trained / "eval")
+    assert [p.timesteps for p in points] == [1024, 2048]  # SMOKE: every 1024 decisions
+    assert all(0.0 <= p.lap_rate <= 1.0 and p.score_std >= 0.0 for p in points)
+    assert 0.0 < points[0].seconds <= points[1].seconds
+    assert (trained / "eval" / CURVE_FIGURE).read_bytes().startswith(b"\x89PNG")
+
+
+def test_resumed_training_extends_the_curve_and_keeps_a_better_best(trained, tmp_path):
+    folder = tmp_path / "resumed"
+    shutil.copytree(trained, folder)
+    earlier = read_curve(folder / "eval")
+    best_sha = json.loads((folder / "best" / POLICY_FILE).read_text())["weights_sha256"]
+    train_ppo(PPOConfig(**{**SMOKE, "timesteps": 1024}), folder, resume=True)
+    points = read_curve(folder / "eval")
+    assert points[:2] == earlier and [p.timesteps for p in points[2:]] == [3072]
+    assert points[2].seconds >= earlier[-1].seconds  # the clock goes on from where the first session stopped
+    if points[2].score_mean <= max(p.score_mean for p in earlier):
+        assert json.loads((folder / "best" / POLICY_FILE).read_text())["weights_sha256"] == best_sha
+
+
+def test_a_damaged_curve_gives_a_clear_error(tmp_path):
+    (tmp_path / CURVE_FILE).write_text("{\"points\": [{\"steps\": 1}]}")
+    with pytest.raises(ValueError, match="curve.json is not a learning curve"):
+        read_curve(tmp_path)
 
 
 def test_resume_continues_counting(trained, tmp_path):
