@@ -1,4 +1,5 @@
-"""How smooth the pure-pursuit teachers' labels are: ``expert``, ``expert:smooth``, ``expert:gentle``.
+"""How smooth a teacher's labels are: by default the pure-pursuit teachers ``expert``,
+``expert:smooth`` and ``expert:gentle``; ``--teachers`` names others (``ppo:DIR``).
 
 Steering (the smooth teacher's lever) and braking (the gentle teacher's: a long light brake
 instead of a rare hard one).
@@ -10,7 +11,7 @@ expert with a random steering offset in [−0.8, 0.8] held for 20 steps) drives 
 probability 1/2, 600 steps. Quality is the clean score on the held-out tracks 1000–1099.
 Results go to bench/results/teacher_smoothness.json.
 
-Usage: ``python -m bench.teacher_smoothness [--quick]``.
+Usage: ``python -m bench.teacher_smoothness [--quick] [--teachers expert,ppo:DIR] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class WanderingLearner:
 @dataclass(frozen=True)
 class LabelledEpisode:
     steer: np.ndarray  # the teacher's steering label at every step
+    gas: np.ndarray  # its gas label
     brake: np.ndarray  # and its brake label
     score: float
     lap_finished: bool
@@ -99,10 +101,11 @@ def record(spec: str, seeds: list[int], condition: Condition) -> list[LabelledEp
         beta = condition.learner_beta if learner is not None else 1.0
         steps = list(drive(env, teacher, seed, condition.noise_sigma, rng, learner, beta))
         steer = np.array([step.label[0] for step in steps])
+        gas = np.array([step.label[1] for step in steps])
         brake = np.array([step.label[2] for step in steps])
         lap_finished = bool(steps[-1].info.get("lap_finished", False))
         lateral = float(np.mean([abs(step.state.lateral_error) for step in steps]))
-        episodes.append(LabelledEpisode(steer, brake, sum(step.reward for step in steps), lap_finished, lateral))
+        episodes.append(LabelledEpisode(steer, gas, brake, sum(step.reward for step in steps), lap_finished, lateral))
     env.close()
     return episodes
 
@@ -123,6 +126,7 @@ def smoothness(episodes: list[LabelledEpisode]) -> dict[str, float]:
         "saturated_pct": float(100 * np.mean(np.abs(steer) >= 0.999)),
         "wheel_lock_pct": float(100 * np.mean(np.abs(steer) >= WHEEL_LOCK)),
         "sign_flips_per_100": float(100 * flips / len(steer)),
+        "mean_gas": float(np.concatenate([e.gas for e in episodes]).mean()),
         "braking_pct": float(100 * np.mean(braking)),
         "mean_brake_while_braking": float(brake[braking].mean()) if braking.any() else 0.0,
         "full_brake_pct": float(100 * np.mean(brake >= FULL_BRAKE)),
@@ -140,6 +144,7 @@ ROWS = (
     ("steps with |steer| = 1", "saturated_pct", "{:.2f}%"),
     ("steps with |steer| >= 0.4 (full lock)", "wheel_lock_pct", "{:.2f}%"),
     ("steer sign flips per 100 steps", "sign_flips_per_100", "{:.2f}"),
+    ("mean gas", "mean_gas", "{:.2f}"),
     (f"steps braking (brake > {BRAKING})", "braking_pct", "{:.1f}%"),
     ("mean brake while braking", "mean_brake_while_braking", "{:.2f}"),
     (f"steps at full brake (>= {FULL_BRAKE})", "full_brake_pct", "{:.2f}%"),
@@ -149,11 +154,11 @@ ROWS = (
 )
 
 
-def print_columns(title: str, rows: list[tuple[str, ...]]) -> None:
+def print_columns(title: str, teachers: list[str], rows: list[tuple[str, ...]]) -> None:
     """A table with a name column and one column per teacher."""
     width = max(len(title), *(len(row[0]) for row in rows))
-    print(f"\n{title:<{width}}" + "".join(f"  {spec:>13}" for spec in TEACHERS))
-    print("-" * width + "  " + "  ".join("-" * 13 for _ in TEACHERS))
+    print(f"\n{title:<{width}}" + "".join(f"  {spec:>13}" for spec in teachers))
+    print("-" * width + "  " + "  ".join("-" * 13 for _ in teachers))
     for name, *values in rows:
         print(f"{name:<{width}}" + "".join(f"  {value:>13}" for value in values))
 
@@ -161,27 +166,30 @@ def print_columns(title: str, rows: list[tuple[str, ...]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 training and 10 held-out tracks (a smoke run)")
-    quick = parser.parse_args().quick
-    seeds = list(range(4 if quick else 28))
-    held_out = list(range(1000, 1010 if quick else 1100))
-    results: dict[str, dict[str, object]] = {spec: {} for spec in TEACHERS}
+    parser.add_argument("--teachers", default=",".join(TEACHERS), help="agent specs, comma-separated (e.g. expert,ppo:DIR)")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/teacher_smoothness[-quick].json)")
+    args = parser.parse_args()
+    teachers = args.teachers.split(",")
+    seeds = list(range(4 if args.quick else 28))
+    held_out = list(range(1000, 1010 if args.quick else 1100))
+    results: dict[str, dict[str, object]] = {spec: {} for spec in teachers}
     for condition in CONDITIONS:
-        for spec in TEACHERS:
+        for spec in teachers:
             results[spec][condition.name] = smoothness(record(spec, seeds, condition))
-        rows = [(name, *(fmt.format(results[spec][condition.name][key]) for spec in TEACHERS)) for name, key, fmt in ROWS]
-        print_columns(f"labels, tracks {seeds[0]}-{seeds[-1]}, {condition.name}", rows)
-    for spec in TEACHERS:
+        rows = [(name, *(fmt.format(results[spec][condition.name][key]) for spec in teachers)) for name, key, fmt in ROWS]
+        print_columns(f"labels, tracks {seeds[0]}-{seeds[-1]}, {condition.name}", teachers, rows)
+    for spec in teachers:
         results[spec]["held_out"] = evaluate_agent(spec, held_out).aggregate()
-    quality = [results[spec]["held_out"] for spec in TEACHERS]
-    print_columns(f"clean driving, tracks {held_out[0]}-{held_out[-1]}", [
+    quality = [results[spec]["held_out"] for spec in teachers]
+    print_columns(f"clean driving, tracks {held_out[0]}-{held_out[-1]}", teachers, [
         ("score mean ± std", *(f"{q['score_mean']:.1f} ± {q['score_std']:.1f}" for q in quality)),
         ("score min", *(f"{q['score_min']:.1f}" for q in quality)),
         ("lap finished", *(f"{100 * q['lap_finished_rate']:.0f}%" for q in quality)),
         ("mean |lateral error|", *(f"{q['mean_abs_lateral_error']:.2f}" for q in quality)),
     ])
-    out = ROOT / "bench" / "results" / ("teacher_smoothness-quick.json" if quick else "teacher_smoothness.json")
+    out = args.out or ROOT / "bench" / "results" / ("teacher_smoothness-quick.json" if args.quick else "teacher_smoothness.json")
     atomic_write_json(out, results)
-    print(f"\nsaved → {out.relative_to(ROOT)}")
+    print(f"\nsaved → {out}")
 
 
 if __name__ == "__main__":

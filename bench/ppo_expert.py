@@ -1,0 +1,156 @@
+"""Does the state-PPO expert lap: its shipped recipe trained for several seeds, judged on held-out tracks.
+
+    python -m bench.ppo_expert                                  # seeds 0-2, the shipped recipe
+    python -m bench.ppo_expert --seeds 0 --timesteps 200000     # a short screen
+
+For each seed, ``nsacdrive expert train --obs state --seed S`` into ``OUT/state-sS`` (a folder
+that already holds a finished training of that length is kept), then ``nsacdrive expert
+evaluate --agent ppo:OUT/state-sS/best`` on the held-out tracks 1000–1099. The evaluation tracks
+that choose ``best/`` during training are the training seed's own (never 1000–1099).
+
+Three tables go to ``results/ppo-expert.json``: per seed, the held-out score, laps finished and
+|lateral error| beside the decisions and minutes at which ``best/`` was saved and the whole
+training's minutes; the periodic evaluations of every seed (each folder also keeps its
+``eval/curve.png``); and how smooth each seed's labels are beside the pure-pursuit expert's,
+measured as :mod:`bench.teacher_smoothness` measures teachers (tracks 0–27 clean, with action
+noise 0.2, and under a poor learner). Then the docs are rendered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
+from bench.teacher_smoothness import CONDITIONS, record, smoothness
+from nsacdrive.agents.ppo import POLICY_FILE, PPOConfig
+from nsacdrive.agents.ppo_curve import CurvePoint, read_curve
+from nsacdrive.common.seeds import format_seeds, parse_seeds
+
+NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
+HELD_OUT = "1000-1099"
+HELD_OUT_FILE = "held-out.json"
+STUDY = "ppo-expert"
+LABEL_TRACKS = list(range(28))
+#: the label statistics of the smoothness table: (column, key in bench.teacher_smoothness.smoothness, digits)
+LABEL_COLUMNS = (("mean \\|Δsteer\\| per step", "mean_abs_change", 4), ("99th percentile \\|Δsteer\\|", "p99_abs_change", 3),
+                 ("steer sign flips per 100 steps", "sign_flips_per_100", 2), ("steps at full lock (%)", "wheel_lock_pct", 1),
+                 ("mean gas", "mean_gas", 2), ("steps braking (%)", "braking_pct", 1), ("laps finished (%)", "lap_finished_pct", 0))
+
+
+def trained_steps(folder: Path) -> int:
+    """Decisions the finished training in ``folder`` ran (0 when it has not finished)."""
+    path = folder / POLICY_FILE
+    return int(json.loads(path.read_text())["num_timesteps"]) if path.is_file() else 0
+
+
+def best_point(points: list[CurvePoint]) -> CurvePoint:
+    """The periodic evaluation ``best/`` was saved at: the first of the highest mean scores."""
+    return max(points, key=lambda p: p.score_mean)
+
+
+def seed_row(seed: int, held_out: dict[str, Any], points: list[CurvePoint]) -> list[Any]:
+    """One seed's cells of the held-out table."""
+    best = best_point(points)
+    agg = held_out["aggregate"]
+    return [seed, f"{agg['score_mean']:.1f} ± {agg['score_std']:.1f}", round(agg["score_min"], 1),
+            f"{100 * agg['lap_finished_rate']:.0f} %", round(agg["mean_abs_lateral_error"], 2),
+            f"{best.timesteps // 1000}k", round(best.seconds / 60, 1), round(points[-1].seconds / 60, 1)]
+
+
+def curve_rows(curves: dict[int, list[CurvePoint]]) -> list[list[Any]]:
+    """Rows of the periodic-evaluations table: one per evaluation step, ``score / laps`` per seed."""
+    steps = sorted({p.timesteps for points in curves.values() for p in points})
+    rows = []
+    for step in steps:
+        cells = []
+        for points in curves.values():
+            point = next((p for p in points if p.timesteps == step), None)
+            cells.append(None if point is None else f"{point.score_mean:.0f} / {100 * point.lap_rate:.0f} %")
+        rows.append([f"{step // 1000}k", *cells])
+    return rows
+
+
+def label_rows(teachers: dict[str, str]) -> list[list[Any]]:
+    """One row per teacher and condition: the smoothness of the labels it gives (``teachers``: name → agent spec)."""
+    rows = []
+    for condition in CONDITIONS:
+        for name, spec in teachers.items():
+            stats = smoothness(record(spec, LABEL_TRACKS, condition))
+            rows.append([name, condition.name, *(round(stats[key], digits) for _, key, digits in LABEL_COLUMNS)])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0-2", help="training seeds")
+    parser.add_argument("--timesteps", type=int, default=PPOConfig.state_recipe().timesteps, help="decisions per training")
+    parser.add_argument("--out", type=Path, default=Path("runs/ppo"))
+    parser.add_argument("--workers", type=int, default=2, help="processes of the held-out evaluation")
+    parser.add_argument("--written", action="store_true", help="read the trainings and evaluations as an earlier call left them")
+    args = parser.parse_args(argv)
+    seeds = parse_seeds(args.seeds, "--seeds")
+    commands, rows, curves = [], [], {}
+    for seed in seeds:
+        folder = args.out / f"state-s{seed}"
+        train = [NSACDRIVE, "expert", "train", "--obs", "state", "--seed", str(seed), "--timesteps", str(args.timesteps),
+                 "--out", str(folder), "--no-progress"]
+        evaluate = [NSACDRIVE, "expert", "evaluate", "--agent", f"ppo:{folder / 'best'}", "--seeds", HELD_OUT,
+                    "--workers", str(args.workers), "--out", str(folder / HELD_OUT_FILE)]
+        if not args.written:
+            done = trained_steps(folder)
+            if done < args.timesteps:
+                if folder.exists():
+                    raise SystemExit(f"{folder} holds an unfinished training ({done} of {args.timesteps} decisions): "
+                                     f"remove it, or continue it with `nsacdrive expert train --resume`")
+                subprocess.run(train, check=True)
+            subprocess.run(evaluate, check=True)
+        commands += [shlex.join(["nsacdrive", *step[1:]]) for step in (train, evaluate)]
+        curves[seed] = read_curve(folder / "eval")
+        if not curves[seed]:
+            raise SystemExit(f"{folder / 'eval'} has no periodic evaluations: train with evaluation on")
+        rows.append(seed_row(seed, json.loads((folder / HELD_OUT_FILE).read_text()), curves[seed]))
+    own = recorded_arguments(sys.argv[1:] if argv is None else argv)
+    commands.append(shlex.join(["python", "-m", "bench.ppo_expert", *own]))
+    provenance = current_provenance(commands, [], seeds)
+    label = f"training seeds {format_seeds(seeds)}, {args.timesteps // 1000}k decisions"
+    held_out = {
+        "name": f"State recipe on held-out tracks, {label}",
+        "caption": f"`nsacdrive expert evaluate` of each seed's `best/` on tracks {HELD_OUT}. Targets: mean score ≥ 910 "
+                   "and ≥ 95 % laps finished for every seed, trained in ≤ 1 hour on 2 cores.",
+        "columns": ["training seed", "score (mean ± std)", "min", "laps finished", "mean \\|lateral error\\|",
+                    "best/ at (decisions)", "best/ at (minutes)", "training (minutes)"],
+        "rows": rows,
+        "provenance": provenance,
+    }
+    curve = {
+        "name": f"State recipe, periodic evaluations, {label}",
+        "caption": "Mean score / laps finished of the periodic evaluations on each seed's own evaluation tracks "
+                   "(`eval/curve.json` and `eval/curve.png` in each run folder).",
+        "columns": ["decisions", *(f"seed {seed}" for seed in seeds)],
+        "rows": curve_rows(curves),
+        "provenance": provenance,
+    }
+    teachers = {"pure-pursuit expert": "expert", **{f"PPO seed {seed}": f"ppo:{args.out / f'state-s{seed}' / 'best'}" for seed in seeds}}
+    labels = {
+        "name": f"State recipe's labels beside the pure-pursuit expert's, {label}",
+        "caption": "Labels on tracks 0–27 as `bench.teacher_smoothness` records them: driven clean, with executed-action noise "
+                   "σ = 0.2, and by a poor learner half of the time (what DAgger asks a teacher to label).",
+        "columns": ["teacher", "states", *(column for column, _, _ in LABEL_COLUMNS)],
+        "rows": label_rows(teachers),
+        "provenance": provenance,
+    }
+    for table in (held_out, curve, labels):
+        path = put_table(STUDY, table, REPO)
+    render(Layout.of(REPO))
+    print(f"→ {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The PPO-expert study's tables, on constructed curves and evaluations."""
+
+from __future__ import annotations
+
+import json
+
+from bench.ppo_expert import best_point, curve_rows, seed_row, trained_steps
+from nsacdrive.agents.ppo import POLICY_FILE
+from nsacdrive.agents.ppo_curve import CurvePoint
+
+
+def point(steps: int, minutes: float, score: float, laps: float) -> CurvePoint:
+    return CurvePoint(timesteps=steps, seconds=60 * minutes, score_mean=score, score_std=5.0, lap_rate=laps)
+
+
+def test_best_is_the_first_of_the_highest_scores():
+    points = [point(50_000, 2, 800, 0.2), point(100_000, 4, 915, 0.9), point(150_000, 6, 915, 1.0)]
+    assert best_point(points).timesteps == 100_000  # SB3 saves best/ only on a strictly better score
+
+
+def test_a_seed_row_gives_the_held_out_figures_and_when_best_was_saved():
+    held_out = {"aggregate": {"score_mean": 912.34, "score_std": 8.76, "score_min": 880.04, "lap_finished_rate": 0.97,
+                              "mean_abs_lateral_error": 1.874}}
+    points = [point(50_000, 2.0, 700, 0.0), point(100_000, 4.04, 915, 0.9), point(150_000, 6.0, 900, 0.8)]
+    assert seed_row(1, held_out, points) == [1, "912.3 ± 8.8", 880.0, "97 %", 1.87, "100k", 4.0, 6.0]
+
+
+def test_curve_rows_line_up_the_seeds_and_leave_gaps_empty():
+    curves = {0: [point(50_000, 2, 700, 0.0), point(100_000, 4, 900, 0.5)], 1: [point(50_000, 2, 650, 0.1)]}
+    assert curve_rows(curves) == [["50k", "700 / 0 %", "650 / 10 %"], ["100k", "900 / 50 %", None]]
+
+
+def test_an_unfinished_training_has_trained_no_steps(tmp_path):
+    assert trained_steps(tmp_path) == 0
+    (tmp_path / POLICY_FILE).write_text(json.dumps({"num_timesteps": 4096}))
+    assert trained_steps(tmp_path) == 4096
