@@ -24,6 +24,7 @@ from nsacdrive.agents.ppo import (
     POLICY_FILE,
     POLICY_WEIGHTS_FILE,
     VECNORMALIZE_FILE,
+    ActionChangePenalty,
     LapSuccess,
     OffRoadTermination,
     PedalAction,
@@ -112,9 +113,10 @@ def wrappers_of(env) -> list[type]:
 
 
 def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
-    config = PPOConfig.state_recipe(max_episode_steps=20)
+    config = PPOConfig.state_recipe(max_episode_steps=20, action_change_penalty=1.0)
     training, evaluation = (_env_factory(config, training=flag)() for flag in (True, False))
-    assert OffRoadTermination in wrappers_of(training) and OffRoadTermination not in wrappers_of(evaluation)
+    for shaping in (OffRoadTermination, ActionChangePenalty):
+        assert shaping in wrappers_of(training) and shaping not in wrappers_of(evaluation)
     assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
     venv = _vec_env(config, seed=3, n_envs=1, training=False)
     venv.reset()
@@ -140,6 +142,16 @@ class _Finishes(gym.Env):
 
     def step(self, action):
         return np.zeros(1, np.float32), 1.0, self.lap_finished, not self.lap_finished, {"lap_finished": self.lap_finished}
+
+
+def test_action_change_penalty_charges_the_l1_change_of_the_policy_action():
+    env = ActionChangePenalty(_Finishes(False), coef=2.0)
+    env.reset()
+    assert env.step(np.array([0.5], np.float32))[1] == 1.0  # nothing to compare the first action with
+    assert env.step(np.array([-0.25], np.float32))[1] == pytest.approx(1.0 - 2.0 * 0.75)
+    assert env.step(np.array([-3.0], np.float32))[1] == pytest.approx(1.0 - 2.0 * 0.75)  # as executed: clipped to -1
+    env.reset()
+    assert env.step(np.array([1.0], np.float32))[1] == 1.0  # a new episode forgets the last action
 
 
 @pytest.mark.parametrize("finished", [True, False])
