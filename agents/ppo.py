@@ -152,6 +152,23 @@ class OffRoadTermination(gym.Wrapper):
         return observation, reward, terminated, truncated, info
 
 
+class CentrePenalty(gym.Wrapper):
+    """Subtract ``coef`` × |lateral error| from each decision's reward. CarRacing ends a lap only
+    once every tile is touched, so a car that cuts corners misses tiles and drives on to the time
+    limit; a teacher off the centreline also teaches its student to be. Training envs only;
+    observations are state vectors."""
+
+    LATERAL = STATE_FIELDS.index("lateral_error")
+
+    def __init__(self, env: gym.Env, coef: float) -> None:
+        super().__init__(env)
+        self.coef = coef
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, float(reward) - self.coef * abs(float(observation[self.LATERAL])), terminated, truncated, info
+
+
 class ActionChangePenalty(gym.Wrapper):
     """Subtract ``coef`` × the L1 change of the policy's action from each decision's reward: a
     teacher whose labels jitter is hard to imitate. Training envs only."""
@@ -186,7 +203,7 @@ class LapSuccess(gym.Wrapper):
 
 def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE_STEPS, frame_skip: int = 1,
                    pedal_action: bool = False, off_road_patience: int = 0, off_road_penalty: float = 0.0,
-                   action_change_penalty: float = 0.0) -> gym.Env:
+                   centre_penalty: float = 0.0, action_change_penalty: float = 0.0) -> gym.Env:
     """Render-free CarRacing whose observations are privileged state vectors (options: see :class:`PPOConfig`)."""
     env: gym.Env = make_car_racing(render_observations=False, max_episode_steps=max_episode_steps)
     if frame_skip > 1:  # below the observation: the state is computed once per decision, not per physics step
@@ -194,6 +211,8 @@ def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
     env = PrivilegedStateObservation(env)
     if off_road_patience > 0:
         env = OffRoadTermination(env, off_road_patience, off_road_penalty)
+    if centre_penalty > 0:
+        env = CentrePenalty(env, centre_penalty)
     if action_change_penalty > 0:  # on the policy's own actions, before PedalAction maps them
         env = ActionChangePenalty(env, action_change_penalty)
     if pedal_action:
@@ -214,7 +233,7 @@ def make_pixel_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
 #: the numbers PPOConfig's numeric fields may take (``eval_freq`` 0: no evaluation)
 PPO_RANGES = {**dict.fromkeys(("timesteps", "n_envs", "eval_episodes", "max_episode_steps", "n_steps", "batch_size", "n_epochs",
                                "frame_stack", "frame_skip"), AT_LEAST_ONE),
-              **dict.fromkeys(("eval_freq", "off_road_penalty", "action_change_penalty"), NON_NEGATIVE)}
+              **dict.fromkeys(("eval_freq", "off_road_penalty", "centre_penalty", "action_change_penalty"), NON_NEGATIVE)}
 
 
 @dataclass
@@ -252,6 +271,7 @@ class PPOConfig:
     pedal_action: bool = False  # state: one signed pedal axis (PedalAction)
     off_road_patience: int = 0  # state, training envs only: end after this many decisions off the road (0 = never)
     off_road_penalty: float = 0.0  # ... with this subtracted from the reward
+    centre_penalty: float = 0.0  # state, training envs only: minus this × |lateral error| per decision
     action_change_penalty: float = 0.0  # state, training envs only: minus this × |Δ action| (L1) per decision
     progress_bar: bool = True
 
@@ -301,7 +321,7 @@ _ACTIVATIONS = ("tanh", "relu", "gelu")
 def _env_factory(config: PPOConfig, training: bool):
     if config.obs == "state":
         shaping = dict(off_road_patience=config.off_road_patience, off_road_penalty=config.off_road_penalty,
-                       action_change_penalty=config.action_change_penalty) if training else {}
+                       centre_penalty=config.centre_penalty, action_change_penalty=config.action_change_penalty) if training else {}
         return functools.partial(make_state_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip,
                                  pedal_action=config.pedal_action, **shaping)
     return functools.partial(make_pixel_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip)

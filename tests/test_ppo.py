@@ -25,6 +25,7 @@ from nsacdrive.agents.ppo import (
     POLICY_WEIGHTS_FILE,
     VECNORMALIZE_FILE,
     ActionChangePenalty,
+    CentrePenalty,
     LapSuccess,
     OffRoadTermination,
     PedalAction,
@@ -113,9 +114,9 @@ def wrappers_of(env) -> list[type]:
 
 
 def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
-    config = PPOConfig.state_recipe(max_episode_steps=20, action_change_penalty=1.0)
+    config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, action_change_penalty=1.0)
     training, evaluation = (_env_factory(config, training=flag)() for flag in (True, False))
-    for shaping in (OffRoadTermination, ActionChangePenalty):
+    for shaping in (OffRoadTermination, CentrePenalty, ActionChangePenalty):
         assert shaping in wrappers_of(training) and shaping not in wrappers_of(evaluation)
     assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
     venv = _vec_env(config, seed=3, n_envs=1, training=False)
@@ -142,6 +143,19 @@ class _Finishes(gym.Env):
 
     def step(self, action):
         return np.zeros(1, np.float32), 1.0, self.lap_finished, not self.lap_finished, {"lap_finished": self.lap_finished}
+
+
+def test_centre_penalty_charges_the_distance_from_the_centreline():
+    plain, shaped = make_state_env(seed=4), CentrePenalty(make_state_env(seed=4), coef=0.5)
+    for env in (plain, shaped):
+        env.reset(seed=4)
+    for _ in range(40):  # steer off the centreline
+        action = np.array([0.6, 0.4, 0.0], dtype=np.float32)
+        observation, reward, *_ = plain.step(action)
+        _, shaped_reward, *_ = shaped.step(action)
+        lateral = abs(float(observation[STATE_FIELDS.index("lateral_error")]))
+        assert shaped_reward == pytest.approx(reward - 0.5 * lateral, abs=1e-9)
+    assert lateral > 1.0  # the test drove somewhere the penalty bites
 
 
 def test_action_change_penalty_charges_the_l1_change_of_the_policy_action():
