@@ -25,7 +25,7 @@ A trained folder holds:
   continues from.
 - ``config.json`` (:class:`PPOConfig`), ``tensorboard/`` and, with evaluation on, ``eval/`` (the
   learning curve: ``curve.json`` and ``curve.png``, :mod:`nsacdrive.agents.ppo_curve`) and ``best/``
-  (the best evaluated model, itself a ``ppo:DIR/best`` folder).
+  (the best evaluated model: most laps, then the highest score; itself a ``ppo:DIR/best`` folder).
 
 Every save writes each file atomically (at the end of training, after Ctrl-C, and into ``best/``).
 ``model.zip`` and ``vecnormalize.pkl`` are pickles (SB3 stores parts of the model with cloudpickle):
@@ -53,7 +53,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
-from nsacdrive.agents.ppo_curve import new_curve_recorder, read_curve
+from nsacdrive.agents.ppo_curve import new_curve_recorder
 from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, check_ranges
@@ -349,19 +349,6 @@ def _progress_bar_available() -> bool:
     return True
 
 
-def _new_best_saver(best_dir: Path, config: PPOConfig):
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class SaveBest(BaseCallback):
-        """Runs on each new best evaluation: store the model and its driving files as a ``ppo:`` folder."""
-
-        def _on_step(self) -> bool:
-            _save_folder(self.model, best_dir, config)
-            return True
-
-    return SaveBest()
-
-
 def _save_folder(model, folder: Path, config: PPOConfig) -> None:
     """Write every file of a PPO folder, each atomically: what resuming needs (model.zip,
     vecnormalize.pkl), config.json, and what driving needs (policy.safetensors, policy.json)."""
@@ -453,13 +440,9 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             eval_freq=max(1, config.eval_freq // config.n_envs),
             log_path=str(out / "eval"),
             deterministic=True,
-            callback_on_new_best=_new_best_saver(best_dir, config),
-            callback_after_eval=new_curve_recorder(out / "eval"),
+            callback_after_eval=new_curve_recorder(out / "eval", lambda: _save_folder(model, best_dir, config)),
             verbose=0,
         )
-        earlier = read_curve(out / "eval")
-        if earlier:  # a resumed run keeps best/ unless it evaluates better than every earlier point
-            evaluation.best_mean_reward = max(p.score_mean for p in earlier)
         callbacks.append(evaluation)
     available = _progress_bar_available()
     progress_bar = config.progress_bar and available and is_terminal(sys.stdout)

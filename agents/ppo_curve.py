@@ -3,15 +3,18 @@
 ``nsacdrive expert train`` evaluates the deterministic policy every ``eval_freq`` env steps on
 evaluation tracks of its own (seeds offset from the training seed, never the held-out tracks).
 After each evaluation :class:`CurveRecorder` appends one :class:`CurvePoint` to
-``eval/curve.json`` and redraws ``eval/curve.png`` (score and laps against decisions and against
-minutes of training), both written atomically. A resumed run continues the same curve: its clock
-starts where the last point left off.
+``eval/curve.json``, redraws ``eval/curve.png`` (score and laps against decisions and against
+minutes of training), both written atomically, and saves ``best/`` when the point is the best so
+far: most laps finished, then the highest mean score (a teacher must finish its laps; the score
+alone barely tells a lap from a near miss). A resumed run continues the same curve: its clock
+starts where the last point left off, and its best must beat every earlier point.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,11 @@ class CurvePoint:
     score_mean: float
     score_std: float
     lap_rate: float  # share of the evaluation episodes that finished the lap
+
+
+def best_point(points: list[CurvePoint]) -> CurvePoint:
+    """The point ``best/`` was saved at: most laps finished, then the highest mean score (the first of ties)."""
+    return max(points, key=lambda p: (p.lap_rate, p.score_mean))
 
 
 def read_curve(folder: str | Path) -> list[CurvePoint]:
@@ -78,12 +86,13 @@ def curve_figure(points: list[CurvePoint], title: str = "PPO expert: periodic ev
     return fig
 
 
-def new_curve_recorder(folder: str | Path) -> Any:
-    """An SB3 callback for ``EvalCallback(callback_after_eval=...)`` that extends the curve in ``folder``."""
+def new_curve_recorder(folder: str | Path, save_best: Callable[[], None]) -> Any:
+    """An SB3 callback for ``EvalCallback(callback_after_eval=...)`` that extends the curve in
+    ``folder`` and calls ``save_best`` when the evaluation just run is the best so far."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class CurveRecorder(BaseCallback):
-        """Appends the evaluation just run to the curve and redraws it."""
+        """Appends the evaluation just run to the curve, redraws it, and keeps the best model."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -99,6 +108,8 @@ def new_curve_recorder(folder: str | Path) -> Any:
                 timesteps=int(self.num_timesteps), seconds=round(time.monotonic() - self.start, 1),
                 score_mean=float(scores.mean()), score_std=float(scores.std()),
                 lap_rate=float(np.mean(successes)) if len(successes) else 0.0))
+            if best_point(self.points) is self.points[-1]:
+                save_best()
             write_curve(self.folder, self.points)
             return True
 

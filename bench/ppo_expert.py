@@ -29,7 +29,7 @@ from typing import Any
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.teacher_smoothness import CONDITIONS, record, smoothness
 from nsacdrive.agents.ppo import POLICY_FILE, PPOConfig
-from nsacdrive.agents.ppo_curve import CurvePoint, read_curve
+from nsacdrive.agents.ppo_curve import CurvePoint, best_point, read_curve
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
@@ -47,11 +47,6 @@ def trained_steps(folder: Path) -> int:
     """Decisions the finished training in ``folder`` ran (0 when it has not finished)."""
     path = folder / POLICY_FILE
     return int(json.loads(path.read_text())["num_timesteps"]) if path.is_file() else 0
-
-
-def best_point(points: list[CurvePoint]) -> CurvePoint:
-    """The periodic evaluation ``best/`` was saved at: the first of the highest mean scores."""
-    return max(points, key=lambda p: p.score_mean)
 
 
 def seed_row(seed: int, held_out: dict[str, Any], points: list[CurvePoint]) -> list[Any]:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 
-from bench.ppo_expert import best_point, curve_rows, seed_row, trained_steps
+from bench.ppo_expert import curve_rows, seed_row, trained_steps
 from nsacdrive.agents.ppo import POLICY_FILE
-from nsacdrive.agents.ppo_curve import CurvePoint
+from nsacdrive.agents.ppo_curve import CurvePoint, best_point
 
 
 def point(steps: int, minutes: float, score: float, laps: float) -> CurvePoint:
     return CurvePoint(timesteps=steps, seconds=60 * minutes, score_mean=score, score_std=5.0, lap_rate=laps)
 
 
-def test_best_is_the_first_of_the_highest_scores():
-    points = [point(50_000, 2, 800, 0.2), point(100_000, 4, 915, 0.9), point(150_000, 6, 915, 1.0)]
-    assert best_point(points).timesteps == 100_000  # SB3 saves best/ only on a strictly better score
+def test_best_has_the_most_laps_then_the_highest_score_and_is_the_first_of_ties():
+    points = [point(50_000, 2, 800, 0.2), point(100_000, 4, 915, 0.9), point(150_000, 6, 921, 0.8),
+              point(200_000, 8, 915, 0.9)]
+    assert best_point(points).timesteps == 100_000  # a later tie is not strictly better
 
 
 def test_a_seed_row_gives_the_held_out_figures_and_when_best_was_saved():
