@@ -169,6 +169,33 @@ class CentrePenalty(gym.Wrapper):
         return observation, float(reward) - self.coef * abs(float(observation[self.LATERAL])), terminated, truncated, info
 
 
+class MissedTilePenalty(gym.Wrapper):
+    """Subtract ``penalty`` for each road tile the car has driven past without touching it.
+    CarRacing ends a lap only once every tile is touched, so one tile missed by cutting a corner
+    costs the lap. Training envs only; observations are state vectors."""
+
+    PROGRESS = STATE_FIELDS.index("progress_fraction")
+    LAG = 3  # tiles behind the car before an untouched one counts as missed (contact may come late)
+
+    def __init__(self, env: gym.Env, penalty: float) -> None:
+        super().__init__(env)
+        self.penalty, self.checked = penalty, 1
+
+    def reset(self, **kwargs):
+        self.checked = 1  # tiles before this one are judged; the car starts on tile 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        road = self.env.unwrapped.road
+        here = int(float(observation[self.PROGRESS]) * len(road))  # tiles are about equally long
+        missed = 0
+        while 0 < here - self.LAG - self.checked < len(road) // 2:  # never across the start line
+            missed += not road[self.checked].road_visited
+            self.checked += 1
+        return observation, float(reward) - self.penalty * missed, terminated, truncated, info
+
+
 class ActionChangePenalty(gym.Wrapper):
     """Subtract ``coef`` × the L1 change of the policy's action from each decision's reward: a
     teacher whose labels jitter is hard to imitate. Training envs only."""
@@ -203,7 +230,7 @@ class LapSuccess(gym.Wrapper):
 
 def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE_STEPS, frame_skip: int = 1,
                    pedal_action: bool = False, off_road_patience: int = 0, off_road_penalty: float = 0.0,
-                   centre_penalty: float = 0.0, action_change_penalty: float = 0.0) -> gym.Env:
+                   centre_penalty: float = 0.0, missed_tile_penalty: float = 0.0, action_change_penalty: float = 0.0) -> gym.Env:
     """Render-free CarRacing whose observations are privileged state vectors (options: see :class:`PPOConfig`)."""
     env: gym.Env = make_car_racing(render_observations=False, max_episode_steps=max_episode_steps)
     if frame_skip > 1:  # below the observation: the state is computed once per decision, not per physics step
@@ -213,6 +240,8 @@ def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
         env = OffRoadTermination(env, off_road_patience, off_road_penalty)
     if centre_penalty > 0:
         env = CentrePenalty(env, centre_penalty)
+    if missed_tile_penalty > 0:
+        env = MissedTilePenalty(env, missed_tile_penalty)
     if action_change_penalty > 0:  # on the policy's own actions, before PedalAction maps them
         env = ActionChangePenalty(env, action_change_penalty)
     if pedal_action:
@@ -233,7 +262,8 @@ def make_pixel_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
 #: the numbers PPOConfig's numeric fields may take (``eval_freq`` 0: no evaluation)
 PPO_RANGES = {**dict.fromkeys(("timesteps", "n_envs", "eval_episodes", "max_episode_steps", "n_steps", "batch_size", "n_epochs",
                                "frame_stack", "frame_skip"), AT_LEAST_ONE),
-              **dict.fromkeys(("eval_freq", "off_road_penalty", "centre_penalty", "action_change_penalty"), NON_NEGATIVE)}
+              **dict.fromkeys(("eval_freq", "off_road_penalty", "centre_penalty", "missed_tile_penalty", "action_change_penalty"),
+                             NON_NEGATIVE)}
 
 
 @dataclass
@@ -272,6 +302,7 @@ class PPOConfig:
     off_road_patience: int = 0  # state, training envs only: end after this many decisions off the road (0 = never)
     off_road_penalty: float = 0.0  # ... with this subtracted from the reward
     centre_penalty: float = 0.0  # state, training envs only: minus this × |lateral error| per decision
+    missed_tile_penalty: float = 0.0  # state, training envs only: minus this for each tile driven past untouched
     action_change_penalty: float = 0.0  # state, training envs only: minus this × |Δ action| (L1) per decision
     progress_bar: bool = True
 
@@ -321,7 +352,8 @@ _ACTIVATIONS = ("tanh", "relu", "gelu")
 def _env_factory(config: PPOConfig, training: bool):
     if config.obs == "state":
         shaping = dict(off_road_patience=config.off_road_patience, off_road_penalty=config.off_road_penalty,
-                       centre_penalty=config.centre_penalty, action_change_penalty=config.action_change_penalty) if training else {}
+                       centre_penalty=config.centre_penalty, missed_tile_penalty=config.missed_tile_penalty,
+                       action_change_penalty=config.action_change_penalty) if training else {}
         return functools.partial(make_state_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip,
                                  pedal_action=config.pedal_action, **shaping)
     return functools.partial(make_pixel_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip)

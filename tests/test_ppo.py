@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import nsacdrive.agents.ppo as ppo_module
+from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.ppo import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -27,6 +28,7 @@ from nsacdrive.agents.ppo import (
     ActionChangePenalty,
     CentrePenalty,
     LapSuccess,
+    MissedTilePenalty,
     OffRoadTermination,
     PedalAction,
     PPOAgent,
@@ -114,9 +116,9 @@ def wrappers_of(env) -> list[type]:
 
 
 def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
-    config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, action_change_penalty=1.0)
+    config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, missed_tile_penalty=25.0, action_change_penalty=1.0)
     training, evaluation = (_env_factory(config, training=flag)() for flag in (True, False))
-    for shaping in (OffRoadTermination, CentrePenalty, ActionChangePenalty):
+    for shaping in (OffRoadTermination, CentrePenalty, MissedTilePenalty, ActionChangePenalty):
         assert shaping in wrappers_of(training) and shaping not in wrappers_of(evaluation)
     assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
     venv = _vec_env(config, seed=3, n_envs=1, training=False)
@@ -156,6 +158,26 @@ def test_centre_penalty_charges_the_distance_from_the_centreline():
         lateral = abs(float(observation[STATE_FIELDS.index("lateral_error")]))
         assert shaped_reward == pytest.approx(reward - 0.5 * lateral, abs=1e-9)
     assert lateral > 1.0  # the test drove somewhere the penalty bites
+
+
+def test_missed_tile_penalty_charges_each_tile_driven_past_untouched():
+    env = make_state_env(seed=6, missed_tile_penalty=25.0)
+    shaped = env
+    while not isinstance(shaped, MissedTilePenalty):
+        shaped = shaped.env
+    env.reset(seed=6)
+    expert = PurePursuitExpert()
+
+    def drive(steps: int) -> list[float]:
+        return [env.step(expert.act(None, privileged_state(env)))[1] for _ in range(steps)]
+
+    assert min(drive(100)) > -1.0  # the expert touches every tile: no penalty
+    skipped = shaped.checked  # a tile the car has passed but the wrapper has not judged yet: now "untouched"
+    env.unwrapped.road[skipped].road_visited = False
+    rewards = drive(60)
+    assert shaped.checked > skipped
+    assert sum(r < -20 for r in rewards) == 1 and min(rewards) > -26.0  # charged once, 25 less one step's reward
+    env.close()
 
 
 def test_action_change_penalty_charges_the_l1_change_of_the_policy_action():
