@@ -242,7 +242,7 @@ def expert_evaluate(
 def expert_train(
     out: Path = typer.Option(..., "--out", help="Model folder: policy.safetensors + policy.json (what driving reads), model.zip + vecnormalize.pkl (pickles, read only by --resume), config.json, tensorboard/, best/."),
     obs: ObsKind = typer.Option("state", "--obs", help="state (privileged vector, render-free physics) or pixels (rl-zoo recipe; hours of CPU)."),
-    timesteps: Optional[int] = typer.Option(None, "--timesteps", min=1, help="Env steps to train (with --resume: steps to add). Default 1M (state) / 4M (pixels)."),
+    timesteps: Optional[int] = typer.Option(None, "--timesteps", min=1, help="Decisions to train (env steps of the frame-skipped envs; with --resume: decisions to add). Default: the recipe's (600k state, 4M pixels)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from --out/model.zip and its VecNormalize statistics."),
     seed: int = typer.Option(0, "--seed", help="Seed of the policy and of the training track stream."),
     n_envs: Optional[int] = typer.Option(None, "--n-envs", min=1, help="Parallel envs (default 2 for state, 8 for pixels)."),
