@@ -5,11 +5,13 @@ Two observation kinds:
 - ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32) from a
   render-free env, read once per decision, so training runs at physics speed (the policy's
   updates run on one thread: for a small MLP that is fastest). VecNormalize normalises
-  observations and rewards. :meth:`PPOConfig.state_recipe` adds three standard shapings of the control problem
-  (not of the score): one signed pedal axis instead of gas and brake (a Gaussian policy over
-  both presses them together and the car crawls), each decision held for 2 physics steps, and,
-  in the TRAINING envs only, an episode ends with a penalty after a stretch off the road (no
-  time wasted on grass). Evaluation envs are plain CarRacing.
+  observations and rewards. :meth:`PPOConfig.state_recipe` shapes the control problem: one
+  signed pedal axis instead of gas and brake (a Gaussian policy over both presses them together
+  and the car crawls) and each decision held for 2 physics steps. In the TRAINING envs only it
+  shapes the reward too: an episode ends with a penalty after a stretch off the road (no time
+  wasted on grass), leaving the centreline costs a little each decision, and each road tile
+  driven past untouched costs more (CarRacing ends a lap only once every tile is touched).
+  Evaluation envs are plain CarRacing: the score is never shaped.
 - ``pixels``: rl-baselines3-zoo's CarRacing-v3 PPO recipe (frame skip 2, 64×64 grey, frame stack 2,
   8 envs, 4M steps, n_steps 512, batch 128, 10 epochs, linear lr 1e-4, gSDE with sample freq 4,
   log_std_init −2, no orthogonal init, GELU, pi/vf [256], reward-only VecNormalize). Pixel
