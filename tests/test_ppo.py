@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import nsacdrive.agents.ppo as ppo_module
+import nsacdrive.agents.ppo_envs as ppo_envs
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.ppo import (
     CONFIG_FILE,
@@ -25,24 +25,26 @@ from nsacdrive.agents.ppo import (
     POLICY_FILE,
     POLICY_WEIGHTS_FILE,
     VECNORMALIZE_FILE,
+    PPOAgent,
+    PPOConfig,
+    _env_factory,
+    _vec_env,
+    export_policy,
+    pedal_to_car_action,
+    train_ppo,
+)
+from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, read_curve
+from nsacdrive.agents.ppo_envs import (
     ActionChangePenalty,
     CentrePenalty,
     LapSuccess,
     MissedTilePenalty,
     OffRoadTermination,
     PedalAction,
-    PPOAgent,
-    PPOConfig,
     PrivilegedStateObservation,
-    _env_factory,
-    _vec_env,
-    export_policy,
     make_pixel_env,
     make_state_env,
-    pedal_to_car_action,
-    train_ppo,
 )
-from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, read_curve
 from nsacdrive.agents.registry import make_agent
 from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
@@ -97,7 +99,7 @@ def test_state_wrapper_gives_privileged_vector():
 
 def test_state_with_frame_skip_is_read_once_per_decision_after_the_last_physics_step(monkeypatch):
     reads = []
-    monkeypatch.setattr(ppo_module, "privileged_state", lambda env: reads.append(1) or privileged_state(env))
+    monkeypatch.setattr(ppo_envs, "privileged_state", lambda env: reads.append(1) or privileged_state(env))
     env = make_state_env(max_episode_steps=50, frame_skip=2, pedal_action=True)
     env.reset(seed=5)
     for _ in range(3):
