@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.teacher_smoothness import CONDITIONS, record, smoothness
 from nsacdrive.agents.ppo import POLICY_FILE, PPOConfig
@@ -36,6 +38,7 @@ NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 HELD_OUT = "1000-1099"
 HELD_OUT_FILE = "held-out.json"
 STUDY = "ppo-expert"
+SEEDS_ROW = "mean ± std over seeds"
 LABEL_TRACKS = list(range(28))
 #: the label statistics of the smoothness table: (column, key in bench.teacher_smoothness.smoothness, digits)
 LABEL_COLUMNS = (("mean \\|Δsteer\\| per step", "mean_abs_change", 4), ("99th percentile \\|Δsteer\\|", "p99_abs_change", 3),
@@ -56,6 +59,20 @@ def seed_row(seed: int, held_out: dict[str, Any], points: list[CurvePoint]) -> l
     return [seed, f"{agg['score_mean']:.1f} ± {agg['score_std']:.1f}", round(agg["score_min"], 1),
             f"{100 * agg['lap_finished_rate']:.0f} %", round(agg["mean_abs_lateral_error"], 2),
             f"{best.timesteps // 1000}k", round(best.seconds / 60, 1), round(points[-1].seconds / 60, 1)]
+
+
+def seeds_row(held_outs: list[dict[str, Any]], curves: list[list[CurvePoint]]) -> list[Any]:
+    """Mean ± sample std over the training seeds of each seed's held-out mean score and laps."""
+    def spread(values: list[float], digits: int) -> str:
+        std = f" ± {np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else ""
+        return f"{np.mean(values):.{digits}f}{std}"
+
+    aggs = [h["aggregate"] for h in held_outs]
+    return [SEEDS_ROW, spread([a["score_mean"] for a in aggs], 1), round(min(a["score_min"] for a in aggs), 1),
+            f"{spread([100 * a['lap_finished_rate'] for a in aggs], 0)} %",
+            round(float(np.mean([a["mean_abs_lateral_error"] for a in aggs])), 2), None,
+            round(float(np.mean([best_point(c).seconds / 60 for c in curves])), 1),
+            round(float(np.mean([c[-1].seconds / 60 for c in curves])), 1)]
 
 
 def curve_rows(curves: dict[int, list[CurvePoint]]) -> list[list[Any]]:
@@ -90,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--written", action="store_true", help="read the trainings and evaluations as an earlier call left them")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds, "--seeds")
-    commands, rows, curves = [], [], {}
+    commands, rows, curves, held_outs = [], [], {}, []
     for seed in seeds:
         folder = args.out / f"state-s{seed}"
         train = [NSACDRIVE, "expert", "train", "--obs", "state", "--seed", str(seed), "--timesteps", str(args.timesteps),
@@ -109,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         curves[seed] = read_curve(folder / "eval")
         if not curves[seed]:
             raise SystemExit(f"{folder / 'eval'} has no periodic evaluations: train with evaluation on")
-        rows.append(seed_row(seed, json.loads((folder / HELD_OUT_FILE).read_text()), curves[seed]))
+        held_outs.append(json.loads((folder / HELD_OUT_FILE).read_text()))
+        rows.append(seed_row(seed, held_outs[-1], curves[seed]))
+    rows.append(seeds_row(held_outs, list(curves.values())))
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.ppo_expert", *own]))
     provenance = current_provenance(commands, [], seeds)

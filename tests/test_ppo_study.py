@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.ppo_expert import curve_rows, seed_row, trained_steps
+from bench.ppo_expert import SEEDS_ROW, curve_rows, seed_row, seeds_row, trained_steps
 from nsacdrive.agents.ppo import POLICY_FILE
 from nsacdrive.agents.ppo_curve import CurvePoint, best_point
 
@@ -35,3 +35,11 @@ def test_an_unfinished_training_has_trained_no_steps(tmp_path):
     assert trained_steps(tmp_path) == 0
     (tmp_path / POLICY_FILE).write_text(json.dumps({"num_timesteps": 4096}))
     assert trained_steps(tmp_path) == 4096
+
+
+def test_the_seeds_row_gives_mean_and_sample_std_over_seeds():
+    held = [{"aggregate": {"score_mean": m, "score_std": 1.0, "score_min": lo, "lap_finished_rate": laps,
+                           "mean_abs_lateral_error": 2.0}} for m, lo, laps in ((910.0, 850.0, 0.95), (920.0, 700.0, 1.0), (930.0, 880.0, 0.9))]
+    curves = [[point(100_000, 4.0, 900, 0.9), point(200_000, 8.0, 890, 0.8)]] * 3
+    row = seeds_row(held, curves)
+    assert row == [SEEDS_ROW, "920.0 ± 10.0", 700.0, "95 ± 5 %", 2.0, None, 4.0, 8.0]
