@@ -286,7 +286,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
         best_dir.mkdir(exist_ok=True)
         eval_env = VecNormalize(_vec_env(config, config.seed + EVAL_SEED_OFFSET, 1, training=False), norm_obs=config.norm_obs,
                                 norm_reward=False, training=False, gamma=config.gamma)
-        evaluation = EvalCallback(
+        callbacks.append(EvalCallback(
             eval_env,
             n_eval_episodes=config.eval_episodes,
             eval_freq=max(1, config.eval_freq // config.n_envs),
@@ -294,8 +294,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             deterministic=True,
             callback_after_eval=new_curve_recorder(out / "eval", lambda: _save_folder(model, best_dir, config)),
             verbose=0,
-        )
-        callbacks.append(evaluation)
+        ))
     available = _progress_bar_available()
     progress_bar = config.progress_bar and available and is_terminal(sys.stdout)
     if config.progress_bar and not available:

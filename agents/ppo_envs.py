@@ -20,6 +20,7 @@ from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, privileged_state
 
 PIXEL_SIZE = 64
+LATERAL, PROGRESS = STATE_FIELDS.index("lateral_error"), STATE_FIELDS.index("progress_fraction")
 
 
 class PrivilegedStateObservation(gym.ObservationWrapper):
@@ -80,8 +81,6 @@ class OffRoadTermination(gym.Wrapper):
     """End a training episode after ``patience`` consecutive decisions off the road (|lateral error| >
     half the road width), adding ``penalty`` to that step's reward. Observations are state vectors."""
 
-    LATERAL = STATE_FIELDS.index("lateral_error")
-
     def __init__(self, env: gym.Env, patience: int, penalty: float) -> None:
         super().__init__(env)
         self.patience, self.penalty, self.off_road = patience, penalty, 0
@@ -92,7 +91,7 @@ class OffRoadTermination(gym.Wrapper):
 
     def step(self, action):
         observation, reward, terminated, truncated, info = self.env.step(action)
-        off = abs(float(observation[self.LATERAL])) > self.env.unwrapped.geometry.half_width
+        off = abs(float(observation[LATERAL])) > self.env.unwrapped.geometry.half_width
         self.off_road = self.off_road + 1 if off else 0
         if self.off_road >= self.patience and not (terminated or truncated):
             terminated, reward = True, float(reward) - self.penalty
@@ -106,15 +105,13 @@ class CentrePenalty(gym.Wrapper):
     limit; a teacher off the centreline also teaches its student to be. Training envs only;
     observations are state vectors."""
 
-    LATERAL = STATE_FIELDS.index("lateral_error")
-
     def __init__(self, env: gym.Env, coef: float) -> None:
         super().__init__(env)
         self.coef = coef
 
     def step(self, action):
         observation, reward, terminated, truncated, info = self.env.step(action)
-        return observation, float(reward) - self.coef * abs(float(observation[self.LATERAL])), terminated, truncated, info
+        return observation, float(reward) - self.coef * abs(float(observation[LATERAL])), terminated, truncated, info
 
 
 class MissedTilePenalty(gym.Wrapper):
@@ -122,7 +119,6 @@ class MissedTilePenalty(gym.Wrapper):
     CarRacing ends a lap only once every tile is touched, so one tile missed by cutting a corner
     costs the lap. Training envs only; observations are state vectors."""
 
-    PROGRESS = STATE_FIELDS.index("progress_fraction")
     LAG = 3  # tiles behind the car before an untouched one counts as missed (contact may come late)
 
     def __init__(self, env: gym.Env, penalty: float) -> None:
@@ -136,7 +132,7 @@ class MissedTilePenalty(gym.Wrapper):
     def step(self, action):
         observation, reward, terminated, truncated, info = self.env.step(action)
         road = self.env.unwrapped.road
-        here = int(float(observation[self.PROGRESS]) * len(road))  # tiles are about equally long
+        here = int(float(observation[PROGRESS]) * len(road))  # tiles are about equally long
         missed = 0
         while 0 < here - self.LAG - self.checked < len(road) // 2:  # never across the start line
             missed += not road[self.checked].road_visited

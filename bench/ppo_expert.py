@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
-from bench.teacher_smoothness import CONDITIONS, record, smoothness
+from bench.seed_table import spread
+from bench.teacher_smoothness import CONDITIONS, LABEL_TRACKS, record, smoothness
 from nsacdrive.agents.ppo import POLICY_FILE, PPOConfig
 from nsacdrive.agents.ppo_curve import CurvePoint, best_point, read_curve
 from nsacdrive.common.seeds import format_seeds, parse_seeds
@@ -39,7 +40,6 @@ HELD_OUT = "1000-1099"
 HELD_OUT_FILE = "held-out.json"
 STUDY = "ppo-expert"
 SEEDS_ROW = "mean ± std over seeds"
-LABEL_TRACKS = list(range(28))
 #: the label statistics of the smoothness table: (column, key in bench.teacher_smoothness.smoothness, digits)
 LABEL_COLUMNS = (("mean \\|Δsteer\\| per step", "mean_abs_change", 4), ("99th percentile \\|Δsteer\\|", "p99_abs_change", 3),
                  ("steer sign flips per 100 steps", "sign_flips_per_100", 2), ("steps at full lock (%)", "wheel_lock_pct", 1),
@@ -63,13 +63,9 @@ def seed_row(seed: int, held_out: dict[str, Any], points: list[CurvePoint]) -> l
 
 def seeds_row(held_outs: list[dict[str, Any]], curves: list[list[CurvePoint]]) -> list[Any]:
     """Mean ± sample std over the training seeds of each seed's held-out mean score and laps."""
-    def spread(values: list[float], digits: int) -> str:
-        std = f" ± {np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else ""
-        return f"{np.mean(values):.{digits}f}{std}"
-
     aggs = [h["aggregate"] for h in held_outs]
     return [SEEDS_ROW, spread([a["score_mean"] for a in aggs], 1), round(min(a["score_min"] for a in aggs), 1),
-            f"{spread([100 * a['lap_finished_rate'] for a in aggs], 0)} %",
+            f"{spread([a['lap_finished_rate'] for a in aggs], 0, 100)} %",
             round(float(np.mean([a["mean_abs_lateral_error"] for a in aggs])), 2), None,
             round(float(np.mean([best_point(c).seconds / 60 for c in curves])), 1),
             round(float(np.mean([c[-1].seconds / 60 for c in curves])), 1)]

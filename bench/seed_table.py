@@ -84,7 +84,8 @@ def _lap_lateral(records: list[dict[str, Any]]) -> float:
     return float(np.mean(laps)) if laps else float("nan")
 
 
-def _spread(values: tuple[float, ...], digits: int, scale: float = 1.0) -> str:
+def spread(values: tuple[float, ...] | list[float], digits: int, scale: float = 1.0) -> str:
+    """``mean ± sample std`` of the finite values (× ``scale``), the mean alone for one value, ``–`` for none."""
     finite = np.array([v for v in values if np.isfinite(v)]) * scale
     if not len(finite):
         return "–"
@@ -99,7 +100,7 @@ def format_table(rows: list[Row]) -> str:
     for row in rows:
         per_seed = " / ".join(f"{100 * lap:.0f}" for lap in row.laps)
         lines.append(f"| {row.recipe} | {row.condition} | {row.actions} | {', '.join(row.seeds)} | {per_seed} | "
-                     f"{_spread(row.laps, 0, 100)} | {_spread(row.scores, 1)} | {_spread(row.lateral, 2)} | "
+                     f"{spread(row.laps, 0, 100)} | {spread(row.scores, 1)} | {spread(row.lateral, 2)} | "
                      f"{' / '.join(map(str, row.episodes))} |")
     return "\n".join(lines)
 

@@ -39,6 +39,7 @@ TEACHERS = ("expert", "expert:smooth", "expert:gentle")
 WHEEL_LOCK = 0.4  # rad: the front wheel joints stop here, so any |steer| >= 0.4 is full lock
 BRAKING = 0.05  # brake labels above this count as braking
 FULL_BRAKE = 0.8  # the teachers' brake saturates at 0.85
+LABEL_TRACKS = list(range(28))  # the tracks make demo records (--quick: the first 4)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/teacher_smoothness[-quick].json)")
     args = parser.parse_args()
     teachers = args.teachers.split(",")
-    seeds = list(range(4 if args.quick else 28))
+    seeds = LABEL_TRACKS[:4] if args.quick else LABEL_TRACKS
     held_out = list(range(1000, 1010 if args.quick else 1100))
     results: dict[str, dict[str, object]] = {spec: {} for spec in teachers}
     for condition in CONDITIONS:
