@@ -9,8 +9,9 @@ Two observation kinds:
   signed pedal axis instead of gas and brake (a Gaussian policy over both presses them together
   and the car crawls) and each decision held for 2 physics steps. In the TRAINING envs only it
   shapes the reward too: an episode ends with a penalty after a stretch off the road (no time
-  wasted on grass), leaving the centreline costs a little each decision, and each road tile
-  driven past untouched costs more (CarRacing ends a lap only once every tile is touched).
+  wasted on grass), leaving the centreline costs a little each decision, each road tile
+  driven past untouched costs more (CarRacing ends a lap only once every tile is touched), and
+  changing the action costs in proportion to the change (a jittery teacher is hard to imitate).
   Evaluation envs are plain CarRacing: the score is never shaped.
 - ``pixels``: rl-baselines3-zoo's CarRacing-v3 PPO recipe (frame skip 2, 64×64 grey, frame stack 2,
   8 envs, 4M steps, n_steps 512, batch 128, 10 epochs, linear lr 1e-4, gSDE with sample freq 4,
@@ -134,9 +135,11 @@ class PPOConfig:
     def state_recipe(cls, **overrides: Any) -> PPOConfig:
         """PPO on the privileged state: pedal axis, decisions held 2 steps, a long discount, small initial
         exploration, an annealed learning rate and, in training envs only, off-road termination and
-        penalties for leaving the centreline and for driving past a tile untouched; best/ by laps."""
+        penalties for leaving the centreline, for driving past a tile untouched and for changing
+        the action (smooth labels are what a student can imitate); best/ by laps."""
         recipe: dict[str, Any] = dict(obs="state", timesteps=600_000, frame_skip=2, pedal_action=True, off_road_patience=13,
-                                      off_road_penalty=20.0, centre_penalty=0.1, missed_tile_penalty=25.0, n_steps=1024,
+                                      off_road_penalty=20.0, centre_penalty=0.1, missed_tile_penalty=25.0,
+                                      action_change_penalty=3.0, n_steps=1024,
                                       batch_size=256, gamma=0.995, log_std_init=-1.5, linear_lr=True, eval_freq=50_000,
                                       eval_episodes=20)
         recipe.update(overrides)
