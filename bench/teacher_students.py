@@ -11,7 +11,7 @@ expert has there: it records tracks 0–31 clean, 0–27 with action noise 0.2 a
 the teacher as the labeller fine-tunes each (``--expert TEACHER``; the teacher reads the state,
 so it labels any state the student reaches); the students drive the held-out tracks 42 and
 1000–1009, default colours and ``shift-3``. Every step resumes. The table (laps per training
-seed, after behaviour cloning and after the DAgger round) goes to ``results/ppo-expert.json``
+seed and their mean ± std, after behaviour cloning and after the DAgger round) goes to ``results/ppo-expert.json``
 with its provenance, then the docs are rendered.
 """
 
@@ -23,11 +23,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
+from bench.seed_table import Row, collect_rows, recipe_and_seed, spread
 from nsacdrive.common.seeds import format_seeds, parse_seeds
-from nsacdrive.eval.results import load_records
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 RECIPE = "configs/demo.json"
@@ -39,8 +38,9 @@ STAGES = (("behaviour cloning", "bc"), ("after the DAgger round", "dagger"))
 
 
 def teacher_name(spec: str) -> str:
-    """A folder name for a teacher spec: ``ppo:runs/ppo/state-s0/best`` → ``ppo-runs-ppo-state-s0-best``."""
-    return re.sub(r"[^A-Za-z0-9]+", "-", spec).strip("-")
+    """A folder name for a teacher spec: ``ppo:runs/ppo/state-s0/best`` → ``ppo_runs_ppo_state_s0_best`` (no
+    ``-sN`` in it: that names a student's training seed)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", spec).strip("_")
 
 
 def student_runs(folder: Path, seeds: list[int]) -> dict[str, list[Path]]:
@@ -49,22 +49,17 @@ def student_runs(folder: Path, seeds: list[int]) -> dict[str, list[Path]]:
             "dagger": [folder / f"dagger-s{seed}" / "runs" / "round-1" for seed in seeds]}
 
 
-def laps_by_run(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int]]:
-    """(run path, colour preset) → (laps, episodes) over an evaluation's episode records (runs are told
-    apart by their whole path: every DAgger round's run is called ``round-1``)."""
-    counts: dict[tuple[str, str], tuple[int, int]] = {}
-    for record in records:
-        key = (record["run"], record["colour_preset"])
-        laps, episodes = counts.get(key, (0, 0))
-        counts[key] = (laps + bool(record["lap_finished"] and not record["failed"]), episodes + 1)
-    return counts
-
-
-def laps_cell(runs: list[Path], preset: str, laps: dict[tuple[str, str], tuple[int, int]]) -> str:
-    """``a / b / c of N`` laps over the training seeds' runs (``–`` where a run was not driven)."""
-    counts = [laps.get((str(run), preset)) for run in runs]
-    episodes = {c[1] for c in counts if c is not None}
-    return " / ".join("–" if c is None else str(c[0]) for c in counts) + (f" of {episodes.pop()}" if len(episodes) == 1 else "")
+def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
+    """``a / b / c of N (mean ± std %)``: one stage's laps per training seed under one colour preset
+    (``–`` where a seed's run was not driven)."""
+    recipe, _ = recipe_and_seed(str(run))
+    row = next((r for r in rows if r.recipe == recipe and r.condition == preset), None)
+    by_seed = {} if row is None else dict(zip(row.seeds, zip(row.laps, row.episodes, strict=True), strict=True))
+    cells = [by_seed.get(str(seed)) for seed in seeds]
+    counts = " / ".join("–" if c is None else str(round(c[0] * c[1])) for c in cells)
+    episodes = {c[1] for c in cells if c is not None}
+    driven = [c[0] for c in cells if c is not None]
+    return counts + (f" of {episodes.pop()}" if len(episodes) == 1 else "") + (f" ({spread(driven, 0, 100)} %)" if driven else "")
 
 
 def commands_for(teacher: str, data: Path, folder: Path, seeds: list[int], workers: int) -> list[list[str]]:
@@ -99,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        laps = laps_by_run(load_records(folder / "eval"))
+        driven = collect_rows([folder / "eval"])
         runs = student_runs(folder, seeds)
         for stage, key in STAGES:
-            rows.append([f"`{teacher}`", stage, *(laps_cell(runs[key], preset, laps) for preset in PRESETS)])
+            rows.append([f"`{teacher}`", stage, *(laps_cell(driven, runs[key][0], preset, seeds) for preset in PRESETS)])
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.teacher_students", *own]))
     table = {

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.teacher_students import commands_for, laps_by_run, laps_cell, student_runs, teacher_name
+from bench.seed_table import Row, recipe_and_seed
+from bench.teacher_students import commands_for, laps_cell, student_runs, teacher_name
 
 
 def test_teacher_names_make_folder_names():
     assert teacher_name("expert") == "expert"
-    assert teacher_name("ppo:runs/ppo/state-s0/best") == "ppo-runs-ppo-state-s0-best"
+    assert teacher_name("ppo:runs/ppo/state-s0/best") == "ppo_runs_ppo_state_s0_best"
 
 
 def test_the_teacher_records_the_demonstrations_and_labels_the_dagger_round():
@@ -23,14 +24,16 @@ def test_the_teacher_records_the_demonstrations_and_labels_the_dagger_round():
     assert evaluation[1] == "eval" and "runs/t/dagger-s1/runs/round-1" in evaluation
 
 
-def test_laps_are_counted_per_run_path_not_per_run_name():
-    runs = student_runs(Path("runs/t"), [0, 1])["dagger"]
-    records = [{"run": str(run), "colour_preset": "default", "lap_finished": finished, "failed": False}
-               for run, finished in ((runs[0], True), (runs[0], True), (runs[1], False), (runs[1], True))]
-    records.append({"run": str(runs[1]), "colour_preset": "default", "lap_finished": True, "failed": True})  # a fault is no lap
-    laps = laps_by_run(records)
-    assert laps[(str(runs[1]), "default")] == (1, 3)
-    assert laps_cell(runs, "default", laps) == "2 / 1"  # 2 and 3 episodes: no common "of N"
-    assert laps_cell(runs, "shift-3", laps) == "– / –"
-    records.append({"run": str(runs[0]), "colour_preset": "default", "lap_finished": False, "failed": False})
-    assert laps_cell(runs, "default", laps_by_run(records)) == "2 / 1 of 3"
+def test_each_stage_is_one_recipe_across_training_seeds():
+    for runs in student_runs(Path("runs") / teacher_name("ppo:runs/ppo/state-s3"), [0, 1]).values():
+        assert recipe_and_seed(str(runs[0])) == (recipe_and_seed(str(runs[1]))[0], "0")
+
+
+def test_a_cell_gives_laps_per_training_seed_and_their_spread():
+    run = student_runs(Path("runs/t"), [0, 1])["dagger"][0]
+    recipe = recipe_and_seed(str(run))[0]
+    rows = [Row(recipe, "default", "", ("0", "1"), (1.0, 0.5), (2, 2), (900.0, 500.0), (1.0, 1.0))]
+    assert laps_cell(rows, run, "default", [0, 1]) == "2 / 1 of 2 (75 ± 35 %)"
+    assert laps_cell(rows, run, "shift-3", [0, 1]) == "– / –"
+    uneven = [Row(recipe, "default", "", ("1",), (1 / 3,), (3,), (0.0,), (1.0,))]
+    assert laps_cell(uneven, run, "default", [0, 1]) == "– / 1 of 3 (33 %)"
