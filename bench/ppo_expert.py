@@ -31,8 +31,9 @@ import numpy as np
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.seed_table import spread
 from bench.teacher_smoothness import CONDITIONS, LABEL_TRACKS, record, smoothness
-from nsacdrive.agents.ppo import POLICY_FILE, PPOConfig
+from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import CurvePoint, best_point, read_curve
+from nsacdrive.agents.ppo_policy import POLICY_FILE
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))

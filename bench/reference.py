@@ -30,7 +30,7 @@ GENERATED = "<!-- generated from the code by `make reference`: do not edit -->"
 
 def _configs() -> list[tuple[type, dict[str, Any]]]:
     """The config dataclasses a user sets, each with the ranges its checks apply (field → Range)."""
-    from nsacdrive.agents.ppo import PPO_RANGES, PPOConfig
+    from nsacdrive.agents.ppo_config import PPO_RANGES, PPOConfig
     from nsacdrive.controllers import model_config, train_config
     from nsacdrive.controllers.augment import AUGMENT_RANGES, AugmentConfig
     from nsacdrive.controllers.encoders import ENCODER_RANGES, EncoderConfig

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from nsacdrive.agents.ppo import OBS_KINDS
+from nsacdrive.agents.ppo_config import OBS_KINDS
 from nsacdrive.common.backends import BACKENDS
 from nsacdrive.common.folder_lock import FolderBusy
 from nsacdrive.common.shutdown import skip_final_collection
@@ -252,7 +252,8 @@ def expert_train(
 ) -> None:
     """Train a Stable-Baselines3 PPO expert (drive it with --agent ppo:DIR)."""
     check_output_folder(out)
-    from nsacdrive.agents.ppo import PPOConfig, train_ppo
+    from nsacdrive.agents.ppo import train_ppo
+    from nsacdrive.agents.ppo_config import PPOConfig
 
     options = {"timesteps": timesteps, "n_envs": n_envs, "eval_freq": eval_freq, "eval_episodes": eval_episodes}
     overrides: dict = {"seed": seed, "progress_bar": progress, **{k: v for k, v in options.items() if v is not None}}

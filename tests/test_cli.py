@@ -316,7 +316,7 @@ def test_collect_rejects_an_empty_colour_preset_list(tmp_path, preset):
 
 def _choices():
     """(command, option, values) of every enumerated option, values read from the library."""
-    from nsacdrive.agents.ppo import OBS_KINDS
+    from nsacdrive.agents.ppo_config import OBS_KINDS
     from nsacdrive.common.backends import BACKENDS
     from nsacdrive.controllers.precision import PRECISIONS
     from nsacdrive.controllers.registry import MODEL_BUILDERS

@@ -20,19 +20,13 @@ from typer.testing import CliRunner
 import nsacdrive.agents.ppo_envs as ppo_envs
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.ppo import (
-    CONFIG_FILE,
-    MODEL_FILE,
-    POLICY_FILE,
-    POLICY_WEIGHTS_FILE,
-    VECNORMALIZE_FILE,
     PPOAgent,
-    PPOConfig,
-    _env_factory,
-    _vec_env,
+    env_factory,
     export_policy,
-    pedal_to_car_action,
     train_ppo,
+    vec_envs,
 )
+from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, read_curve
 from nsacdrive.agents.ppo_envs import (
     ActionChangePenalty,
@@ -45,7 +39,9 @@ from nsacdrive.agents.ppo_envs import (
     make_pixel_env,
     make_state_env,
 )
+from nsacdrive.agents.ppo_policy import CONFIG_FILE, MODEL_FILE, POLICY_FILE, POLICY_WEIGHTS_FILE, VECNORMALIZE_FILE
 from nsacdrive.agents.registry import make_agent
+from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
@@ -119,11 +115,11 @@ def wrappers_of(env) -> list[type]:
 
 def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
     config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, missed_tile_penalty=25.0, action_change_penalty=1.0)
-    training, evaluation = (_env_factory(config, training=flag)() for flag in (True, False))
+    training, evaluation = (env_factory(config, training=flag)() for flag in (True, False))
     for shaping in (OffRoadTermination, CentrePenalty, MissedTilePenalty, ActionChangePenalty):
         assert shaping in wrappers_of(training) and shaping not in wrappers_of(evaluation)
     assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
-    venv = _vec_env(config, seed=3, n_envs=1, training=False)
+    venv = vec_envs(config, seed=3, n_envs=1, training=False)
     venv.reset()
     done, infos = False, [{}]
     while not done:

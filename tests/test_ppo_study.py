@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from bench.ppo_expert import SEEDS_ROW, curve_rows, seed_row, seeds_row, trained_steps
-from nsacdrive.agents.ppo import POLICY_FILE
 from nsacdrive.agents.ppo_curve import CurvePoint, best_point
+from nsacdrive.agents.ppo_policy import POLICY_FILE
 
 
 def point(steps: int, minutes: float, score: float, laps: float) -> CurvePoint:

@@ -94,7 +94,8 @@ def test_training_into_a_file_prints_about_one_line_per_epoch(tmp_path):
 
 
 def test_the_ppo_progress_bar_is_off_when_output_is_not_a_terminal(tmp_path, capsys):
-    from nsacdrive.agents.ppo import PPOConfig, train_ppo
+    from nsacdrive.agents.ppo import train_ppo
+    from nsacdrive.agents.ppo_config import PPOConfig
 
     messages: list[str] = []
     config = PPOConfig.state_recipe(timesteps=256, n_envs=1, n_steps=256, batch_size=128, n_epochs=1, eval_freq=0,
