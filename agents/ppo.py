@@ -197,7 +197,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             eval_env,
             n_eval_episodes=config.eval_episodes,
             eval_freq=max(1, config.eval_freq // config.n_envs),
-            log_path=str(out / "eval"),
+            log_path=str(out / "eval"),  # without it EvalCallback keeps no per-episode results for the curve
             deterministic=True,
             callback_after_eval=new_curve_recorder(out / "eval", lambda: _save_folder(model, best_dir, config)),
             verbose=0,

@@ -88,7 +88,8 @@ def curve_figure(points: list[CurvePoint], title: str = "PPO expert: periodic ev
 
 def new_curve_recorder(folder: str | Path, save_best: Callable[[], None]) -> Any:
     """An SB3 callback for ``EvalCallback(callback_after_eval=...)`` that extends the curve in
-    ``folder`` and calls ``save_best`` when the evaluation just run is the best so far."""
+    ``folder`` and calls ``save_best`` when the evaluation just run is the best so far. It reads
+    the episodes' scores and successes that EvalCallback keeps only when given a ``log_path``."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class CurveRecorder(BaseCallback):
