@@ -13,7 +13,8 @@ Three tables go to ``results/ppo-expert.json``: per seed, the held-out score, la
 training's minutes; the periodic evaluations of every seed (each folder also keeps its
 ``eval/curve.png``); and how smooth each seed's labels are beside the pure-pursuit expert's,
 measured as :mod:`bench.teacher_smoothness` measures teachers (tracks 0–27 clean, with action
-noise 0.2, and under a poor learner). Then the docs are rendered.
+noise 0.2, and under a poor learner; saved to ``OUT/labels.json``, which ``--written`` reads
+back). Then the docs are rendered.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from bench.teacher_smoothness import CONDITIONS, LABEL_TRACKS, record, smoothnes
 from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import CurvePoint, best_point, read_curve
 from nsacdrive.agents.ppo_policy import POLICY_FILE
+from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 HELD_OUT = "1000-1099"
 HELD_OUT_FILE = "held-out.json"
+LABELS_FILE = "labels.json"
 STUDY = "ppo-expert"
 SEEDS_ROW = "mean ± std over seeds"
 #: the label statistics of the smoothness table: (column, key in bench.teacher_smoothness.smoothness, digits)
@@ -85,14 +88,23 @@ def curve_rows(curves: dict[int, list[CurvePoint]]) -> list[list[Any]]:
     return rows
 
 
-def label_rows(teachers: dict[str, str]) -> list[list[Any]]:
-    """One row per teacher and condition: the smoothness of the labels it gives (``teachers``: name → agent spec)."""
-    rows = []
-    for condition in CONDITIONS:
-        for name, spec in teachers.items():
-            stats = smoothness(record(spec, LABEL_TRACKS, condition))
-            rows.append([name, condition.name, *(round(stats[key], digits) for _, key, digits in LABEL_COLUMNS)])
-    return rows
+def label_stats(teachers: dict[str, str], cache: Path, written: bool) -> dict[str, dict[str, dict[str, float]]]:
+    """Agent spec → condition → the smoothness of the labels it gives (``teachers``: name → spec).
+    They are measured and saved to ``cache``; ``written`` reads them back instead."""
+    if written and cache.is_file():
+        stats = json.loads(cache.read_text())
+        if all(spec in stats for spec in teachers.values()):
+            return stats
+    stats = {spec: {condition.name: smoothness(record(spec, LABEL_TRACKS, condition)) for condition in CONDITIONS}
+             for spec in teachers.values()}
+    atomic_write_json(cache, stats)
+    return stats
+
+
+def label_rows(teachers: dict[str, str], stats: dict[str, dict[str, dict[str, float]]]) -> list[list[Any]]:
+    """One row per condition and teacher (``teachers``: name → agent spec)."""
+    return [[name, condition.name, *(round(stats[spec][condition.name][key], digits) for _, key, digits in LABEL_COLUMNS)]
+            for condition in CONDITIONS for name, spec in teachers.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         "caption": "Labels on tracks 0–27 as `bench.teacher_smoothness` records them: driven clean, with executed-action noise "
                    "σ = 0.2, and by a poor learner half of the time (what DAgger asks a teacher to label).",
         "columns": ["teacher", "states", *(column for column, _, _ in LABEL_COLUMNS)],
-        "rows": label_rows(teachers),
+        "rows": label_rows(teachers, label_stats(teachers, args.out / LABELS_FILE, args.written)),
         "provenance": provenance,
     }
     for table in (held_out, curve, labels):

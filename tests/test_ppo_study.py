@@ -43,3 +43,18 @@ def test_the_seeds_row_gives_mean_and_sample_std_over_seeds():
     curves = [[point(100_000, 4.0, 900, 0.9), point(200_000, 8.0, 890, 0.8)]] * 3
     row = seeds_row(held, curves)
     assert row == [SEEDS_ROW, "920.0 ± 10.0", 700.0, "95 ± 5 %", 2.0, None, 4.0, 8.0]
+
+
+def test_label_statistics_are_saved_and_read_back_when_written(tmp_path, monkeypatch):
+    import bench.ppo_expert as study
+
+    measured = []
+    monkeypatch.setattr(study, "record", lambda spec, tracks, condition: measured.append((spec, condition.name)) or spec)
+    monkeypatch.setattr(study, "smoothness", lambda episodes: {key: 1.0 for _, key, _ in study.LABEL_COLUMNS})
+    cache, teachers = tmp_path / study.LABELS_FILE, {"pure pursuit": "expert"}
+    stats = study.label_stats(teachers, cache, written=False)
+    assert len(measured) == len(study.CONDITIONS) and json.loads(cache.read_text()) == stats
+    assert study.label_stats(teachers, cache, written=True) == stats and len(measured) == len(study.CONDITIONS)
+    study.label_stats({**teachers, "PPO": "ppo:P"}, cache, written=True)  # a teacher the file lacks: measured again
+    assert len(measured) == 3 * len(study.CONDITIONS)
+    assert study.label_rows(teachers, stats)[0][:3] == ["pure pursuit", study.CONDITIONS[0].name, 1.0]
