@@ -89,8 +89,6 @@ class PurePursuitExpert:
     agent_id = "pure-pursuit"
     source = "expert"
     needs_pixels = False
-    #: ``act`` is a pure function of the state: it may label states the car never drove (side cameras)
-    memoryless = True
 
     def __init__(self, config: PurePursuitConfig = PurePursuitConfig()) -> None:
         self.cfg = config
@@ -125,6 +123,11 @@ class PurePursuitExpert:
         return float(np.tanh(command) if cfg.soft_steer else clamp(command, -1.0, 1.0))
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
+        return self.label_state(state)
+
+    def label_state(self, state: PrivilegedState) -> np.ndarray:
+        """(steer, gas, brake) at ``state``, a pure function of it: the expert labels any state,
+        including ones the car never drove (side cameras)."""
         cfg = self.cfg
         speed = state.pose.forward_speed
         steer = self.steer(state)

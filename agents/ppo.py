@@ -313,6 +313,14 @@ class PPOAgent:
         action, _ = self.exported.policy.predict(batch, deterministic=True)
         return np.asarray(action, dtype=np.float32).reshape(-1)
 
+    def label_state(self, state: PrivilegedState) -> np.ndarray:
+        """A fresh (steer, gas, brake) decision for any privileged state, leaving the held decision
+        alone: how a state policy labels states the car never drove (side cameras)."""
+        if self.cfg.obs != "state":
+            raise ValueError(f"ppo: {self.folder} reads pixels: only a state policy labels a state it has no frames of")
+        action = self.decide(state.as_vector())
+        return pedal_to_car_action(action) if self.cfg.pedal_action else action
+
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
         repeat = self._last_action is not None and self._step % self.cfg.frame_skip != 0
         self._step += 1

@@ -26,8 +26,8 @@ raw frames, ``carracing`` (96×96×3, the table above) or ``udacity`` (160×320�
 frames, :mod:`nsacdrive.envs.observation_kinds`); a sidecar without it is ``carracing``, so every older
 file reads as before. Two OPTIONAL arrays, shaped and typed like ``observations``, may follow:
 ``left_observations`` and ``right_observations`` (the side cameras of a Udacity recording), and
-with them ``left_expert_actions`` and ``right_expert_actions`` (float32, (T, 3)): a memoryless
-expert's label for the car moved onto that camera's position (``side_offset`` in the sidecar),
+with them ``left_expert_actions`` and ``right_expert_actions`` (float32, (T, 3)): a state-reading
+teacher's label for the car moved onto that camera's position (``side_offset`` in the sidecar),
 which training uses for that camera's frames instead of a fixed steering correction.
 
 Imported recordings (source ``udacity-import``, :mod:`nsacdrive.data_collection.udacity_import`) have no

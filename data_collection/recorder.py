@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,7 +47,7 @@ from nsacdrive.envs.car_racing import ENV_ID, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.front_camera import HORIZONTAL_FOV, CameraConfig
 from nsacdrive.envs.observation_kinds import DEFAULT_CAMERA_FOV, RECORDING_ENVS, make_kind_env, observation_kind
-from nsacdrive.envs.state import STATE_FIELDS, shifted_sideways
+from nsacdrive.envs.state import STATE_FIELDS, PrivilegedState, shifted_sideways
 from nsacdrive.envs.udacity_style import CAMERAS, SIDE_CAMERAS, SideCameraLog, UdacityStyleCarRacing, make_udacity_style
 from nsacdrive.envs.udacity_style import ENV_ID as UDACITY_STYLE_ENV_ID
 from nsacdrive.envs.udacity_style import RENDERER as FRONT_CAMERA_RENDERER
@@ -332,17 +332,26 @@ def run_episode(job: EpisodeJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     )
     if side_frames is not None:
         metadata["side_offset"] = job.side_offset
-        if getattr(agent, "memoryless", False):
-            arrays |= side_camera_labels(agent, steps, job.side_offset)
+        labeller = state_labeller(agent)
+        if labeller is not None:
+            arrays |= side_camera_labels(labeller, steps, job.side_offset)
     return arrays, metadata
 
 
-def side_camera_labels(agent: Agent, steps: list[Step], side_offset: float) -> dict[str, np.ndarray]:
-    """``<camera>_expert_actions``: what the memoryless ``agent`` does at every step with the car
-    moved onto each side camera's position — the exact recovery label for that camera's frames."""
+def state_labeller(agent: Agent) -> Callable[[PrivilegedState], np.ndarray] | None:
+    """How ``agent`` labels a state the car never drove (its ``label_state``: the experts and PPO
+    state policies have one), or None when it cannot: it needs pixels or has no such method."""
+    label_state = getattr(agent, "label_state", None)
+    return label_state if callable(label_state) and not agent.needs_pixels else None
+
+
+def side_camera_labels(label: Callable[[PrivilegedState], np.ndarray], steps: list[Step],
+                       side_offset: float) -> dict[str, np.ndarray]:
+    """``<camera>_expert_actions``: the label of every step's state with the car moved onto each
+    side camera's position — the exact recovery label for that camera's frames."""
     return {
         CAMERA_LABEL_ARRAYS[name]: np.stack([
-            agent.act(step.observation, shifted_sideways(step.state, CAMERAS[name] * side_offset)) for step in steps
+            label(shifted_sideways(step.state, CAMERAS[name] * side_offset)) for step in steps
         ]).astype(np.float32)
         for name in SIDE_CAMERAS
     }
@@ -395,7 +404,7 @@ class CollectConfig:
     :param layout: one of :data:`LAYOUTS` (``udacity`` needs ``env="udacity-style"``)
     :param workers: worker processes
     :param side_offset: ``udacity-style``: how far (world units) the side cameras sit to either side;
-        with a memoryless expert each side camera gets its own labels (:func:`side_camera_labels`)
+        with a teacher that labels any state each side camera gets its own labels (:func:`side_camera_labels`)
     :param camera_fov: ``udacity-style``: the cameras' horizontal field of view (degrees; a
         controller trained on these frames drives with the same camera, ``ModelConfig.camera_fov``)
     """

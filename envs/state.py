@@ -145,7 +145,7 @@ def state_at(pose: CarPose, geometry: TrackGeometry) -> PrivilegedState:
 
 def shifted_sideways(state: PrivilegedState, offset: float) -> PrivilegedState:
     """The same car moved ``offset`` units to its right (negative: left), heading and speeds kept:
-    the state a side camera sees the road from, which a memoryless expert can label."""
+    the state a side camera sees the road from, which a state-reading teacher can label."""
     pose = state.pose
     x, y = pose.position + offset * pose.right
     return state_at(replace(pose, x=float(x), y=float(y)), state.geometry)

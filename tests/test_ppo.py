@@ -45,8 +45,9 @@ from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.cli import app
 from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
+from nsacdrive.data_collection.recorder import CollectConfig, collect, state_labeller
 from nsacdrive.envs.car_racing import make_car_racing
-from nsacdrive.envs.state import STATE_FIELDS, privileged_state
+from nsacdrive.envs.state import STATE_FIELDS, privileged_state, shifted_sideways
 
 #: a few float32 roundings of an action in [-1, 1]: the rebuilt policy runs the same float32 arithmetic
 ACTION_TOLERANCE = 4 * float(np.finfo(np.float32).eps)
@@ -376,6 +377,28 @@ def test_exported_state_policy_acts_like_the_sb3_model(trained, sub):
         expected = pedal_to_car_action(_sb3_action(model, vecnorm, state.as_vector()))
         np.testing.assert_allclose(agent.act(np.zeros((96, 96, 3), np.uint8), state), expected, rtol=0, atol=ACTION_TOLERANCE)
     assert agent.config()["num_timesteps"] == model.num_timesteps
+
+
+def test_a_state_policy_labels_any_state_without_disturbing_its_held_decision(trained):
+    agent = PPOAgent(trained)
+    states = _driven_states(seed=12, steps=40)
+    frame = np.zeros((96, 96, 3), np.uint8)
+    held = agent.act(frame, states[0])  # a decision, held for the next step (frame_skip 2)
+    for state in states[1:6]:
+        moved = shifted_sideways(state, 2.0)
+        np.testing.assert_array_equal(agent.label_state(moved), pedal_to_car_action(agent.decide(moved.as_vector())))
+    np.testing.assert_array_equal(agent.act(frame, states[1]), held)
+    assert state_labeller(agent) == agent.label_state and state_labeller(PurePursuitExpert()) is not None
+
+
+def test_a_ppo_teacher_labels_the_side_cameras_of_a_front_camera_recording(trained, tmp_path):
+    collect(CollectConfig(agent=f"ppo:{trained}", seeds=[5], max_steps=24, env="udacity-style", side_offset=2.0), tmp_path,
+            progress=False)
+    sidecar, arrays = load_episode_arrays(sidecar_paths(tmp_path)[0], include_observations=False)
+    assert sidecar["side_offset"] == 2.0
+    left, right = arrays["left_expert_actions"], arrays["right_expert_actions"]
+    assert left.shape == right.shape == arrays["expert_actions"].shape
+    assert np.abs(left[:, 0] - right[:, 0]).max() > 0  # two positions across the road, two answers
 
 
 def test_exported_pixel_policy_acts_like_the_sb3_model(tmp_path):
