@@ -80,7 +80,7 @@ def env_factory(config: PPOConfig, training: bool):
     if config.obs == "state":
         shaping = dict(off_road_patience=config.off_road_patience, off_road_penalty=config.off_road_penalty,
                        centre_penalty=config.centre_penalty, missed_tile_penalty=config.missed_tile_penalty,
-                       action_change_penalty=config.action_change_penalty) if training else {}
+                       action_change_penalty=config.action_change_penalty, action_noise=config.action_noise) if training else {}
         return functools.partial(make_state_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip,
                                  pedal_action=config.pedal_action, **shaping)
     return functools.partial(make_pixel_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip)

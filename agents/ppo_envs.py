@@ -5,7 +5,8 @@
 - Pixel envs: rl-baselines3-zoo's 64×64 grey frames with frame skip.
 - :class:`PedalAction`: one signed pedal axis instead of gas and brake.
 - Training envs only: :class:`OffRoadTermination`, :class:`CentrePenalty`,
-  :class:`MissedTilePenalty` and :class:`ActionChangePenalty` shape the reward; evaluation envs
+  :class:`MissedTilePenalty` and :class:`ActionChangePenalty` shape the reward, and
+  :class:`ActionNoise` perturbs the executed action; evaluation envs
   add :class:`LapSuccess` so SB3's evaluations count laps. The score itself is never shaped.
 """
 
@@ -15,7 +16,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 
-from nsacdrive.agents.rollout import pedal_to_car_action
+from nsacdrive.agents.rollout import apply_action_noise, pedal_to_car_action
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
 from nsacdrive.envs.state import STATE_FIELDS, privileged_state
 
@@ -140,6 +141,25 @@ class MissedTilePenalty(gym.Wrapper):
         return observation, float(reward) - self.penalty * missed, terminated, truncated, info
 
 
+class ActionNoise(gym.ActionWrapper):
+    """Gaussian noise of std ``sigma`` on the steer and signed pedal of every physics step's car
+    action, as ``collect --noise`` adds it: a policy trained through it has to recover from what
+    it did not intend. Its own random stream, seeded by ``reset(seed=...)``, leaves the tracks
+    alone. Training envs only."""
+
+    def __init__(self, env: gym.Env, sigma: float) -> None:
+        super().__init__(env)
+        self.sigma, self.rng = sigma, np.random.default_rng(0)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng([seed, 1])
+        return self.env.reset(seed=seed, options=options)
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        return apply_action_noise(np.asarray(action, dtype=np.float32), self.rng, self.sigma)
+
+
 class ActionChangePenalty(gym.Wrapper):
     """Subtract ``coef`` × the L1 change of the policy's action from each decision's reward: a
     teacher whose labels jitter is hard to imitate. Training envs only."""
@@ -174,9 +194,12 @@ class LapSuccess(gym.Wrapper):
 
 def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE_STEPS, frame_skip: int = 1,
                    pedal_action: bool = False, off_road_patience: int = 0, off_road_penalty: float = 0.0,
-                   centre_penalty: float = 0.0, missed_tile_penalty: float = 0.0, action_change_penalty: float = 0.0) -> gym.Env:
+                   centre_penalty: float = 0.0, missed_tile_penalty: float = 0.0, action_change_penalty: float = 0.0,
+                   action_noise: float = 0.0) -> gym.Env:
     """Render-free CarRacing whose observations are privileged state vectors (options: see :class:`PPOConfig`)."""
     env: gym.Env = make_car_racing(render_observations=False, max_episode_steps=max_episode_steps)
+    if action_noise > 0:  # below the frame skip: fresh noise at every physics step, as in collect
+        env = ActionNoise(env, action_noise)
     if frame_skip > 1:  # below the observation: the state is computed once per decision, not per physics step
         env = FrameSkip(env, frame_skip)
     env = PrivilegedStateObservation(env)

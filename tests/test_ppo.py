@@ -30,6 +30,7 @@ from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, read_curve
 from nsacdrive.agents.ppo_envs import (
     ActionChangePenalty,
+    ActionNoise,
     CentrePenalty,
     LapSuccess,
     MissedTilePenalty,
@@ -115,9 +116,10 @@ def wrappers_of(env) -> list[type]:
 
 
 def test_shaping_is_only_in_training_envs_and_laps_are_counted_only_in_evaluation_envs():
-    config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, missed_tile_penalty=25.0, action_change_penalty=1.0)
+    config = PPOConfig.state_recipe(max_episode_steps=20, centre_penalty=0.1, missed_tile_penalty=25.0, action_change_penalty=1.0,
+                                    action_noise=0.1)
     training, evaluation = (env_factory(config, training=flag)() for flag in (True, False))
-    for shaping in (OffRoadTermination, CentrePenalty, MissedTilePenalty, ActionChangePenalty):
+    for shaping in (OffRoadTermination, CentrePenalty, MissedTilePenalty, ActionChangePenalty, ActionNoise):
         assert shaping in wrappers_of(training) and shaping not in wrappers_of(evaluation)
     assert PedalAction in wrappers_of(training) and PedalAction in wrappers_of(evaluation)  # the action space is the policy's
     venv = vec_envs(config, seed=3, n_envs=1, training=False)
@@ -187,6 +189,24 @@ def test_action_change_penalty_charges_the_l1_change_of_the_policy_action():
     assert env.step(np.array([-3.0], np.float32))[1] == pytest.approx(1.0 - 2.0 * 0.75)  # as executed: clipped to -1
     env.reset()
     assert env.step(np.array([1.0], np.float32))[1] == 1.0  # a new episode forgets the last action
+
+
+def test_action_noise_perturbs_each_physics_step_from_its_own_seeded_stream():
+    def executed(sigma: float, seed: int) -> np.ndarray:
+        base = make_car_racing(render_observations=False, max_episode_steps=30)
+        sent = []
+        base.step = (lambda step: lambda action: sent.append(np.array(action)) or step(action))(base.step)
+        env = ppo_envs.FrameSkip(ActionNoise(base, sigma), 2)
+        env.reset(seed=seed)
+        for _ in range(5):
+            env.step(np.array([0.1, 0.5, 0.0], np.float32))
+        return np.stack(sent)
+
+    noisy = executed(0.2, seed=4)
+    assert len(noisy) == 10 and len(np.unique(noisy[:, 0])) == 10  # fresh noise at every physics step
+    np.testing.assert_array_equal(noisy, executed(0.2, seed=4))
+    assert not np.array_equal(noisy, executed(0.2, seed=5))
+    assert np.abs(noisy[:, 0] - 0.1).std() > 0.05 and (noisy[:, 1] * noisy[:, 2] == 0).all()  # never gas and brake together
 
 
 @pytest.mark.parametrize("finished", [True, False])
