@@ -123,6 +123,22 @@ def _save_folder(model, folder: Path, config: PPOConfig) -> None:
     write_policy(model.policy, vecnorm, int(model.num_timesteps), folder)
 
 
+def new_penalty_ramp(warmup: int) -> Any:
+    """An SB3 callback that, before each rollout, scales the training envs' action-change penalty
+    to ``num_timesteps / warmup`` (at most 1): early exploration is not charged for jitter. It
+    reads the model's clock, so a resumed training continues the ramp."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PenaltyRamp(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            self.training_env.env_method("scale_action_change_penalty", self.model.num_timesteps / warmup)
+
+        def _on_step(self) -> bool:
+            return True
+
+    return PenaltyRamp()
+
+
 def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=print):
     """Train (or with ``resume`` continue) PPO into ``out_dir``; returns the model.
 
@@ -186,7 +202,8 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
         )
     atomic_write_json(out / CONFIG_FILE, asdict(config))
 
-    callbacks = []
+    ramp = config.action_change_warmup > 0 and config.action_change_penalty > 0
+    callbacks = [new_penalty_ramp(config.action_change_warmup)] if ramp else []
     eval_env = None
     if config.eval_freq > 0:
         best_dir = out / "best"

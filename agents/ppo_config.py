@@ -17,7 +17,7 @@ ACTIVATIONS = ("tanh", "relu", "gelu")
 PPO_RANGES = {**dict.fromkeys(("timesteps", "n_envs", "eval_episodes", "max_episode_steps", "n_steps", "batch_size", "n_epochs",
                                "frame_stack", "frame_skip"), AT_LEAST_ONE),
               **dict.fromkeys(("eval_freq", "off_road_penalty", "centre_penalty", "missed_tile_penalty", "action_change_penalty",
-                                "action_noise"),
+                                "action_change_warmup", "action_noise"),
                              NON_NEGATIVE)}
 
 
@@ -59,6 +59,7 @@ class PPOConfig:
     centre_penalty: float = 0.0  # state, training envs only: minus this × |lateral error| per decision
     missed_tile_penalty: float = 0.0  # state, training envs only: minus this for each tile driven past untouched
     action_change_penalty: float = 0.0  # state, training envs only: minus this × |Δ action| (L1) per decision
+    action_change_warmup: int = 0  # decisions over which that penalty ramps linearly from 0 to full (0: full from the start)
     action_noise: float = 0.0  # state, training envs only: std of Gaussian noise on each physics step's steer and pedal
     progress_bar: bool = True
 

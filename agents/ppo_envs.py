@@ -162,11 +162,17 @@ class ActionNoise(gym.ActionWrapper):
 
 class ActionChangePenalty(gym.Wrapper):
     """Subtract ``coef`` × the L1 change of the policy's action from each decision's reward: a
-    teacher whose labels jitter is hard to imitate. Training envs only."""
+    teacher whose labels jitter is hard to imitate. Training envs only. Training may scale the
+    penalty (:meth:`scale_action_change_penalty`, a ramp from 0 while the policy learns to drive)."""
 
     def __init__(self, env: gym.Env, coef: float) -> None:
         super().__init__(env)
-        self.coef, self.previous = coef, None
+        self.full_coef = self.coef = coef
+        self.previous = None
+
+    def scale_action_change_penalty(self, scale: float) -> None:
+        """Charge ``scale`` (in [0, 1]) of the full penalty from now on."""
+        self.coef = self.full_coef * min(max(scale, 0.0), 1.0)
 
     def reset(self, **kwargs):
         self.previous = None

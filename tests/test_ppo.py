@@ -23,6 +23,7 @@ from nsacdrive.agents.ppo import (
     PPOAgent,
     env_factory,
     export_policy,
+    new_penalty_ramp,
     train_ppo,
     vec_envs,
 )
@@ -207,6 +208,24 @@ def test_action_noise_perturbs_each_physics_step_from_its_own_seeded_stream():
     np.testing.assert_array_equal(noisy, executed(0.2, seed=4))
     assert not np.array_equal(noisy, executed(0.2, seed=5))
     assert np.abs(noisy[:, 0] - 0.1).std() > 0.05 and (noisy[:, 1] * noisy[:, 2] == 0).all()  # never gas and brake together
+
+
+def test_the_action_change_penalty_ramps_with_the_model_clock_from_zero_to_full():
+    from types import SimpleNamespace
+
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    venv = DummyVecEnv([lambda: make_state_env(max_episode_steps=20, pedal_action=True, action_change_penalty=3.0)])
+    model = SimpleNamespace(get_env=lambda: venv, logger=None, num_timesteps=0)
+    ramp = new_penalty_ramp(warmup=1000)
+    ramp.init_callback(model)
+    coefs = []
+    for clock in (0, 250, 1000, 5000):  # a resumed model starts its clock where it stopped
+        model.num_timesteps = clock
+        ramp.on_rollout_start()
+        coefs.append(venv.get_attr("coef")[0])
+    assert coefs == [0.0, 0.75, 3.0, 3.0]
+    venv.close()
 
 
 @pytest.mark.parametrize("finished", [True, False])
