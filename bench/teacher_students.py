@@ -72,9 +72,17 @@ def commands_for(teacher: str, data: Path, folder: Path, seeds: list[int], worke
     for seed, init in zip(seeds, runs["bc"], strict=True):
         steps.append([NSACDRIVE, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers),
                       "--out", str(folder / f"dagger-s{seed}")])
-    steps.append([NSACDRIVE, "eval", *map(str, runs["bc"] + runs["dagger"]), "--seeds", HELD_OUT, "--colour-preset",
-                  ",".join(PRESETS), "--workers", str(workers), "--out", str(folder / "eval"), "--resume"])
+    for runs_driven, out in eval_groups(folder, seeds):  # one evaluation cannot hold two runs of one name (round-1)
+        steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", HELD_OUT, "--colour-preset", ",".join(PRESETS),
+                      "--workers", str(workers), "--out", str(out), "--resume"])
     return steps
+
+
+def eval_groups(folder: Path, seeds: list[int]) -> list[tuple[list[Path], Path]]:
+    """(student runs, evaluation folder): the behaviour-cloned students together, each DAgger student alone."""
+    runs = student_runs(folder, seeds)
+    return [(runs["bc"], folder / "eval" / "bc"),
+            *(([run], folder / "eval" / f"dagger-s{seed}") for seed, run in zip(seeds, runs["dagger"], strict=True))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        driven = collect_rows([folder / "eval"])
+        driven = collect_rows([out for _, out in eval_groups(folder, seeds)])
         runs = student_runs(folder, seeds)
         for stage, key in STAGES:
             rows.append([f"`{teacher}`", stage, *(laps_cell(driven, runs[key][0], preset, seeds) for preset in PRESETS)])

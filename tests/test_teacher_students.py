@@ -20,8 +20,10 @@ def test_the_teacher_records_the_demonstrations_and_labels_the_dagger_round():
     daggers = [s for s in steps if s[1] == "dagger"]
     assert [s[s.index("--init") + 1] for s in daggers] == ["runs/t/nsac-s0", "runs/t/nsac-s1"]
     assert all(s[s.index("--expert") + 1] == "ppo:P" for s in daggers)
-    evaluation = steps[-1]
-    assert evaluation[1] == "eval" and "runs/t/dagger-s1/runs/round-1" in evaluation
+    evaluations = [s for s in steps if s[1] == "eval"]
+    assert "runs/t/nsac-s0" in evaluations[0] and "runs/t/nsac-s1" in evaluations[0]
+    assert [e[2] for e in evaluations[1:]] == ["runs/t/dagger-s0/runs/round-1", "runs/t/dagger-s1/runs/round-1"]
+    assert len({e[e.index("--out") + 1] for e in evaluations}) == 3  # no evaluation holds two runs called round-1
 
 
 def test_each_stage_is_one_recipe_across_training_seeds():
