@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/ppo"))
     parser.add_argument("--workers", type=int, default=2, help="processes of the held-out evaluation")
     parser.add_argument("--written", action="store_true", help="read the trainings and evaluations as an earlier call left them")
+    parser.add_argument("--note", default=None, help="what a reader must know about how the runs were made (e.g. shared cores)")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds, "--seeds")
     commands, rows, curves, held_outs = [], [], {}, []
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(seeds_row(held_outs, list(curves.values())))
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.ppo_expert", *own]))
-    provenance = current_provenance(commands, [], seeds)
+    provenance = current_provenance(commands, [], seeds) | ({"note": args.note} if args.note else {})
     label = f"training seeds {format_seeds(seeds)}, {args.timesteps // 1000}k decisions"
     held_out = {
         "name": f"State recipe on held-out tracks, {label}",
