@@ -11,6 +11,7 @@ import pickle
 import shutil
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -211,8 +212,6 @@ def test_action_noise_perturbs_each_physics_step_from_its_own_seeded_stream():
 
 
 def test_the_action_change_penalty_ramps_with_the_model_clock_from_zero_to_full():
-    from types import SimpleNamespace
-
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     venv = DummyVecEnv([lambda: make_state_env(max_episode_steps=20, pedal_action=True, action_change_penalty=3.0)])
@@ -629,3 +628,17 @@ def test_cli_train_errors(tmp_path):
     assert result.exit_code == 2 and "--obs" in result.output
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "empty"), "--resume", "--timesteps", "10"])
     assert result.exit_code == 2 and "config.json is missing" in result.output
+
+
+def test_cli_train_passes_the_training_env_options_over_the_recipe(tmp_path, monkeypatch):
+    import nsacdrive.agents.ppo as ppo
+
+    seen = []
+    monkeypatch.setattr(ppo, "train_ppo", lambda config, out, resume, log: seen.append(config) or SimpleNamespace(num_timesteps=0))
+    runner = CliRunner()
+    result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--action-noise", "0.1", "--action-change-warmup", "300000"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert [(c.action_noise, c.action_change_warmup) for c in seen] == [(0.1, 300_000), (0.0, 0)]
+    assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=300_000)
