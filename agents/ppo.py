@@ -335,7 +335,10 @@ class PPOAgent:
         alone: how a state policy labels states the car never drove (side cameras)."""
         if self.cfg.obs != "state":
             raise ValueError(f"ppo: {self.folder} reads pixels: only a state policy labels a state it has no frames of")
-        action = self.decide(state.as_vector())
+        return self._car_action(self.decide(state.as_vector()))
+
+    def _car_action(self, action: np.ndarray) -> np.ndarray:
+        """The policy's action as CarRacing's (steer, gas, brake)."""
         return pedal_to_car_action(action) if self.cfg.pedal_action else action
 
     def act(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
@@ -344,5 +347,5 @@ class PPOAgent:
         if repeat:
             return self._last_action.copy()
         action = self.decide(self._policy_input(observation, state))
-        self._last_action = pedal_to_car_action(action) if self.cfg.pedal_action else action
+        self._last_action = self._car_action(action)
         return self._last_action.copy()
