@@ -158,8 +158,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
         if saved.obs != config.obs:
             raise ValueError(f"--resume: {out / CONFIG_FILE} was trained with obs={saved.obs!r}, not {config.obs!r}")
         config = replace(saved, timesteps=config.timesteps, progress_bar=config.progress_bar)
-        check_file(out / MODEL_FILE, "a PPO model saved by `nsacdrive expert train`")
-        check_file(out / VECNORMALIZE_FILE, "VecNormalize statistics saved beside model.zip")
+        _check_resumable(out)
     elif (out / MODEL_FILE).exists():
         raise FileExistsError(f"{out / MODEL_FILE} exists: pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -249,9 +248,7 @@ def export_policy(folder: str | Path) -> Path:
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder: expected a folder written by `nsacdrive expert train`")
     load_config(folder)
-    model_path, vecnorm_path = folder / MODEL_FILE, folder / VECNORMALIZE_FILE
-    check_file(model_path, "a PPO model saved by `nsacdrive expert train`")
-    check_file(vecnorm_path, "VecNormalize statistics saved beside model.zip")
+    model_path, vecnorm_path = _check_resumable(folder)
     if not zipfile.is_zipfile(model_path):
         raise ValueError(f"{model_path} is corrupt: expected a Stable-Baselines3 model zip")
     constant = lambda _: 0.0  # noqa: E731  (schedules are only needed for training)
@@ -269,6 +266,14 @@ def export_policy(folder: str | Path) -> Path:
         raise ValueError(f"{vecnorm_path} is not VecNormalize statistics (got {type(vecnorm).__name__})")
     write_policy(model.policy, vecnorm, int(model.num_timesteps), folder)
     return folder / POLICY_FILE
+
+
+def _check_resumable(folder: Path) -> tuple[Path, Path]:
+    """The paths of ``folder``'s model.zip and vecnormalize.pkl, after checking both are there."""
+    model_path, vecnorm_path = folder / MODEL_FILE, folder / VECNORMALIZE_FILE
+    check_file(model_path, "a PPO model saved by `nsacdrive expert train`")
+    check_file(vecnorm_path, "VecNormalize statistics saved beside model.zip")
+    return model_path, vecnorm_path
 
 
 def load_config(folder: str | Path) -> PPOConfig:
