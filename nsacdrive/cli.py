@@ -248,7 +248,7 @@ def expert_train(
     n_envs: Optional[int] = typer.Option(None, "--n-envs", min=1, help="Parallel envs (default 2 for state, 8 for pixels)."),
     eval_freq: Optional[int] = typer.Option(None, "--eval-freq", min=0, help="Decisions between evaluations on the seed's own evaluation tracks (0 = none); each extends eval/curve.json and eval/curve.png. Default: the recipe's."),
     eval_episodes: Optional[int] = typer.Option(None, "--eval-episodes", min=1, help="Episodes per evaluation. Default: the recipe's."),
-    action_change_warmup: Optional[int] = typer.Option(None, "--action-change-warmup", min=0, help="state: decisions over which the action-change penalty ramps from 0 to full (training envs only). Default: the recipe's (0: full from the start)."),
+    action_change_warmup: Optional[int] = typer.Option(None, "--action-change-warmup", min=0, help="state: decisions over which the action-change penalty ramps from 0 to full (training envs only). Default: the recipe's (0 would charge it in full from the start)."),
     action_noise: Optional[float] = typer.Option(None, "--action-noise", min=0.0, help="state: std of executed-action noise at every physics step of the training envs, as collect --noise adds it. Default: the recipe's (0: none)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:
