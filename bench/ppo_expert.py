@@ -90,14 +90,16 @@ def curve_rows(curves: dict[int, list[CurvePoint]]) -> list[list[Any]]:
 
 def label_stats(teachers: dict[str, str], cache: Path, written: bool) -> dict[str, dict[str, dict[str, float]]]:
     """Agent spec → condition → the smoothness of the labels it gives (``teachers``: name → spec).
-    They are measured and saved to ``cache``; ``written`` reads them back instead."""
-    if written and cache.is_file():
-        stats = json.loads(cache.read_text())
-        if all(spec in stats for spec in teachers.values()):
-            return stats
-    stats = {spec: {condition.name: smoothness(record(spec, LABEL_TRACKS, condition)) for condition in CONDITIONS}
-             for spec in teachers.values()}
-    atomic_write_json(cache, stats)
+    They are measured and saved to ``cache`` with the tracks and conditions that produced them;
+    ``written`` reads back those of the same tracks and conditions and measures only the teachers missing."""
+    made_on = {"tracks": LABEL_TRACKS, "conditions": [condition.name for condition in CONDITIONS]}
+    saved = json.loads(cache.read_text()) if written and cache.is_file() else {}
+    stats = saved.get("teachers", {}) if all(saved.get(key) == value for key, value in made_on.items()) else {}
+    missing = [spec for spec in teachers.values() if spec not in stats]
+    for spec in missing:
+        stats[spec] = {condition.name: smoothness(record(spec, LABEL_TRACKS, condition)) for condition in CONDITIONS}
+    if missing:
+        atomic_write_json(cache, made_on | {"teachers": stats})
     return stats
 
 

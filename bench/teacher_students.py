@@ -43,10 +43,15 @@ def teacher_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", spec).strip("_")
 
 
+def dagger_folder(folder: Path, seed: int) -> Path:
+    """Where the DAgger round of one training seed's student writes."""
+    return folder / f"dagger-s{seed}"
+
+
 def student_runs(folder: Path, seeds: list[int]) -> dict[str, list[Path]]:
     """Each stage's student run folders, one per training seed."""
     return {"bc": [folder / f"nsac-s{seed}" for seed in seeds],
-            "dagger": [folder / f"dagger-s{seed}" / "runs" / "round-1" for seed in seeds]}
+            "dagger": [dagger_folder(folder, seed) / "runs" / "round-1" for seed in seeds]}
 
 
 def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
@@ -71,7 +76,7 @@ def commands_for(teacher: str, data: Path, folder: Path, seeds: list[int], worke
     runs = student_runs(folder, seeds)
     for seed, init in zip(seeds, runs["bc"], strict=True):
         steps.append([NSACDRIVE, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers),
-                      "--out", str(folder / f"dagger-s{seed}")])
+                      "--out", str(dagger_folder(folder, seed))])
     for runs_driven, out in eval_groups(folder, seeds):  # one evaluation cannot hold two runs of one name (round-1)
         steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", HELD_OUT, "--colour-preset", ",".join(PRESETS),
                       "--workers", str(workers), "--out", str(out), "--resume"])

@@ -53,8 +53,11 @@ def test_label_statistics_are_saved_and_read_back_when_written(tmp_path, monkeyp
     monkeypatch.setattr(study, "smoothness", lambda episodes: {key: 1.0 for _, key, _ in study.LABEL_COLUMNS})
     cache, teachers = tmp_path / study.LABELS_FILE, {"pure pursuit": "expert"}
     stats = study.label_stats(teachers, cache, written=False)
-    assert len(measured) == len(study.CONDITIONS) and json.loads(cache.read_text()) == stats
+    assert len(measured) == len(study.CONDITIONS) and json.loads(cache.read_text())["teachers"] == stats
     assert study.label_stats(teachers, cache, written=True) == stats and len(measured) == len(study.CONDITIONS)
-    study.label_stats({**teachers, "PPO": "ppo:P"}, cache, written=True)  # a teacher the file lacks: measured again
+    study.label_stats({**teachers, "PPO": "ppo:P"}, cache, written=True)  # only the teacher the file lacks is measured
+    assert [spec for spec, _ in measured[len(study.CONDITIONS):]] == ["ppo:P"] * len(study.CONDITIONS)
+    monkeypatch.setattr(study, "LABEL_TRACKS", [0, 1])  # other tracks: the saved figures are not theirs
+    study.label_stats(teachers, cache, written=True)
     assert len(measured) == 3 * len(study.CONDITIONS)
     assert study.label_rows(teachers, stats)[0][:3] == ["pure pursuit", study.CONDITIONS[0].name, 1.0]
