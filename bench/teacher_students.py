@@ -1,18 +1,22 @@
-"""Do a teacher's students drive: ``make demo``'s recipe on one teacher's demonstrations, per seed.
+"""Do a teacher's students drive: a recipe's students trained on one teacher's demonstrations, per seed.
 
     python -m bench.teacher_students expert                          # the pure-pursuit expert
     python -m bench.teacher_students ppo:runs/ppo/state-s0/best      # a PPO expert
+    python -m bench.teacher_students ppo:runs/ppo/state-s0/best --view front   # its front-camera students
     python -m bench.teacher_students expert ppo:runs/ppo/state-s0/best --written   # the table only
 
-For each teacher, the steps of ``make demo`` with that teacher in every place the pure-pursuit
-expert has there: it records tracks 0–31 clean, 0–27 with action noise 0.2 and 30–31 under
-``shift-3`` (``nsacdrive collect --agent TEACHER``); NSAC students train on them
-(``nsacdrive sweep --config configs/demo.json``, one per training seed); one DAgger round with
-the teacher as the labeller fine-tunes each (``--expert TEACHER``; the teacher reads the state,
-so it labels any state the student reaches); the students drive the held-out tracks 42 and
-1000–1009, default colours and ``shift-3``. Every step resumes. The table (laps per training
-seed and their mean ± std, after behaviour cloning and after the DAgger round) goes to ``results/ppo-expert.json``
-with its provenance, then the docs are rendered.
+``--view carracing`` (default) runs the steps of ``make demo`` with that teacher in every place the
+pure-pursuit expert has there: it records tracks 0–31 clean, 0–27 with action noise 0.2 and 30–31
+under ``shift-3`` (``nsacdrive collect --agent TEACHER``); NSAC students train on them (``nsacdrive
+sweep --config configs/demo.json``, one per training seed); one DAgger round with the teacher as the
+labeller fine-tunes each (``--expert TEACHER``; the teacher reads the state, so it labels any state
+the student reaches). ``--view front`` runs the front-camera recipe of the user guide: the teacher
+drives and labels the Udacity-style camera on tracks 0–59, side cameras 2 units out, clean and with
+action noise 0.2; students train with ``configs/front-camera.json`` and are fine-tuned with β-NLL
+(``configs/front-camera-bnll.json``), then drive with pedal caution 0.5. The students drive the
+held-out tracks 42 and 1000–1009, default colours and ``shift-3``. Every step resumes. The table
+(laps per training seed and their mean ± std, per stage) goes to ``results/ppo-expert.json`` with
+its provenance, then the docs are rendered.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
@@ -29,12 +34,35 @@ from bench.seed_table import Row, collect_rows, recipe_and_seed, spread
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
-RECIPE = "configs/demo.json"
-#: what ``make demo`` records: (track seeds, extra collect options)
-DEMONSTRATIONS = (("0-31", ()), ("0-27", ("--noise", "0.2")), ("30-31", ("--colour-preset", "shift-3")))
-DAGGER = ("--rounds", "1", "--episodes-per-round", "16", "--lr", "0.00025")
 HELD_OUT, PRESETS = "42,1000-1009", ("default", "shift-3")
-STAGES = (("behaviour cloning", "bc"), ("after the DAgger round", "dagger"))
+
+
+@dataclass(frozen=True)
+class StudentRecipe:
+    """How one view's students learn from a teacher: what is recorded, the behaviour-cloning config,
+    the second stage (a DAgger round the teacher labels, or a fine-tune with ``fine_tune``'s config)
+    and how the students drive."""
+
+    title: str  # names the results table
+    folder_suffix: str  # of the teacher's data and student folders
+    collect_options: tuple[str, ...]  # the env of the demonstrations
+    demonstrations: tuple[tuple[str, tuple[str, ...]], ...]  # (track seeds, extra collect options)
+    config: str
+    second_stage: str  # its row label
+    fine_tune: str | None = None  # None: one DAgger round
+    drive_options: tuple[str, ...] = ()
+
+
+DAGGER = ("--rounds", "1", "--episodes-per-round", "16", "--lr", "0.00025")
+RECIPES = {
+    "carracing": StudentRecipe("Students", "", (),
+                               (("0-31", ()), ("0-27", ("--noise", "0.2")), ("30-31", ("--colour-preset", "shift-3"))),
+                               "configs/demo.json", "after the DAgger round"),
+    "front": StudentRecipe("Front-camera students", "_front", ("--env", "udacity-style", "--side-offset", "2"),
+                           (("0-59", ()), ("0-59", ("--noise", "0.2"))), "configs/front-camera.json",
+                           "after the β-NLL fine-tune", fine_tune="configs/front-camera-bnll.json",
+                           drive_options=("--pedal-caution", "0.5")),
+}
 
 
 def teacher_name(spec: str) -> str:
@@ -43,15 +71,16 @@ def teacher_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", spec).strip("_")
 
 
-def dagger_folder(folder: Path, seed: int) -> Path:
-    """Where the DAgger round of one training seed's student writes."""
-    return folder / f"dagger-s{seed}"
+def second_stage_folder(folder: Path, recipe: StudentRecipe, seed: int) -> Path:
+    """Where the second stage of one training seed's student writes."""
+    return folder / (f"dagger-s{seed}" if recipe.fine_tune is None else f"fine-tune-s{seed}")
 
 
-def student_runs(folder: Path, seeds: list[int]) -> dict[str, list[Path]]:
-    """Each stage's student run folders, one per training seed."""
+def student_runs(folder: Path, recipe: StudentRecipe, seeds: list[int]) -> dict[str, list[Path]]:
+    """Each stage's student run folders (``bc``, ``second``), one per training seed."""
+    runs = [second_stage_folder(folder, recipe, seed) for seed in seeds]
     return {"bc": [folder / f"nsac-s{seed}" for seed in seeds],
-            "dagger": [dagger_folder(folder, seed) / "runs" / "round-1" for seed in seeds]}
+            "second": runs if recipe.fine_tune else [run / "runs" / "round-1" for run in runs]}
 
 
 def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
@@ -67,59 +96,71 @@ def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
     return counts + (f" of {episodes.pop()}" if len(episodes) == 1 else "") + (f" ({spread(driven, 0, 100)} %)" if driven else "")
 
 
-def commands_for(teacher: str, data: Path, folder: Path, seeds: list[int], workers: int) -> list[list[str]]:
+def commands_for(teacher: str, recipe: StudentRecipe, data: Path, folder: Path, seeds: list[int], workers: int) -> list[list[str]]:
     """Every step of one teacher's students, in order."""
-    steps = [[NSACDRIVE, "collect", "--agent", teacher, "--seeds", tracks, *extra, "--out", str(data), "--workers", str(workers),
-              "--resume"] for tracks, extra in DEMONSTRATIONS]
-    steps.append([NSACDRIVE, "sweep", "--config", RECIPE, "--data", str(data), "--seeds", format_seeds(seeds), "--models", "nsac",
-                  "--workers", str(workers), "--out", str(folder)])
-    runs = student_runs(folder, seeds)
-    for seed, init in zip(seeds, runs["bc"], strict=True):
-        steps.append([NSACDRIVE, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers),
-                      "--out", str(dagger_folder(folder, seed))])
-    for runs_driven, out in eval_groups(folder, seeds):  # one evaluation cannot hold two runs of one name (round-1)
+    steps = [[NSACDRIVE, "collect", *recipe.collect_options, "--agent", teacher, "--seeds", tracks, *extra, "--out", str(data),
+              "--workers", str(workers), "--resume"] for tracks, extra in recipe.demonstrations]
+    steps.append([NSACDRIVE, "sweep", "--config", recipe.config, "--data", str(data), "--seeds", format_seeds(seeds),
+                  "--models", "nsac", "--workers", str(workers), "--out", str(folder)])
+    for seed, init in zip(seeds, student_runs(folder, recipe, seeds)["bc"], strict=True):
+        out = str(second_stage_folder(folder, recipe, seed))
+        if recipe.fine_tune is None:
+            steps.append([NSACDRIVE, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers), "--out", out])
+        else:
+            steps.append([NSACDRIVE, "train", "--config", recipe.fine_tune, "--data", str(data), "--init-from", str(init),
+                          "--seed", str(seed), "--out", out, "--resume"])
+    for runs_driven, out in eval_groups(folder, recipe, seeds):
         steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", HELD_OUT, "--colour-preset", ",".join(PRESETS),
-                      "--workers", str(workers), "--out", str(out), "--resume"])
+                      *recipe.drive_options, "--workers", str(workers), "--out", str(out), "--resume"])
     return steps
 
 
-def eval_groups(folder: Path, seeds: list[int]) -> list[tuple[list[Path], Path]]:
-    """(student runs, evaluation folder): the behaviour-cloned students together, each DAgger student alone."""
-    runs = student_runs(folder, seeds)
+def eval_groups(folder: Path, recipe: StudentRecipe, seeds: list[int]) -> list[tuple[list[Path], Path]]:
+    """(student runs, evaluation folder): the behaviour-cloned students together, each second-stage
+    student alone (one evaluation cannot hold two runs of one name, such as DAgger's round-1)."""
+    runs = student_runs(folder, recipe, seeds)
     return [(runs["bc"], folder / "eval" / "bc"),
-            *(([run], folder / "eval" / f"dagger-s{seed}") for seed, run in zip(seeds, runs["dagger"], strict=True))]
+            *(([run], folder / "eval" / second_stage_folder(folder, recipe, seed).name)
+              for seed, run in zip(seeds, runs["second"], strict=True))]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("teachers", nargs="+", help="agent specs: expert, expert:smooth, ppo:DIR")
+    parser.add_argument("--view", choices=sorted(RECIPES), default="carracing", help="the students' camera and recipe")
     parser.add_argument("--seeds", default="0-2", help="the students' training seeds")
-    parser.add_argument("--data", type=Path, default=Path("data/students"), help="demonstrations go to DATA/<teacher>")
-    parser.add_argument("--out", type=Path, default=Path("runs/students"), help="students go to OUT/<teacher>")
+    parser.add_argument("--data", type=Path, default=Path("data/students"), help="demonstrations go to DATA/<teacher>[_front]")
+    parser.add_argument("--out", type=Path, default=Path("runs/students"), help="students go to OUT/<teacher>[_front]")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--written", action="store_true", help="read the evaluations as an earlier call left them")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds, "--seeds")
+    recipe = RECIPES[args.view]
     commands, rows = [], []
     for teacher in args.teachers:
-        folder = args.out / teacher_name(teacher)
-        for step in commands_for(teacher, args.data / teacher_name(teacher), folder, seeds, args.workers):
+        name = teacher_name(teacher) + recipe.folder_suffix
+        folder = args.out / name
+        for step in commands_for(teacher, recipe, args.data / name, folder, seeds, args.workers):
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        driven = collect_rows([out for _, out in eval_groups(folder, seeds)])
-        runs = student_runs(folder, seeds)
-        for stage, key in STAGES:
+        driven = collect_rows([out for _, out in eval_groups(folder, recipe, seeds)])
+        runs = student_runs(folder, recipe, seeds)
+        for stage, key in (("behaviour cloning", "bc"), (recipe.second_stage, "second")):
             rows.append([f"`{teacher}`", stage, *(laps_cell(driven, runs[key][0], preset, seeds) for preset in PRESETS)])
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.teacher_students", *own]))
+    configs = [recipe.config, *([recipe.fine_tune] if recipe.fine_tune else [])]
+    second = ("one DAgger round at lr 2.5e-4, the teacher labelling it" if recipe.fine_tune is None
+              else f"the fine-tune `{recipe.fine_tune}`")
+    drive = f", driven with `{shlex.join(recipe.drive_options)}`" if recipe.drive_options else ""
     table = {
-        "name": f"Students of each teacher, training seeds {format_seeds(seeds)}: {', '.join(args.teachers)}",
-        "caption": f"`make demo`'s recipe (`{RECIPE}` and one DAgger round at lr 2.5e-4) on each teacher's demonstrations, "
-                   f"the teacher labelling the DAgger round; laps per training seed on tracks {HELD_OUT}.",
+        "name": f"{recipe.title} of each teacher, training seeds {format_seeds(seeds)}: {', '.join(args.teachers)}",
+        "caption": f"`{recipe.config}` and {second} on each teacher's demonstrations{drive}; laps per training seed on "
+                   f"tracks {HELD_OUT}.",
         "columns": ["teacher", "student", *PRESETS],
         "rows": rows,
-        "provenance": current_provenance(commands, [RECIPE], seeds),
+        "provenance": current_provenance(commands, configs, seeds),
     }
     path = put_table("ppo-expert", table, REPO)
     render(Layout.of(REPO))

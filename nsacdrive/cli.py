@@ -322,6 +322,7 @@ def train(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seeds initialisation, data order, augmentation, noise."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present) | cpu | cuda."),
     precision: Optional[Precision] = typer.Option(None, "--precision", help=PRECISION_HELP),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="A run folder whose best weights initialise this run (fine-tuning; overrides the config file)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly where it stopped."),
 ) -> None:
     """Train a controller (encoder + uncertainty head) on recorded demonstrations."""
@@ -330,7 +331,8 @@ def train(
     from nsacdrive.controllers.training import Trainer
 
     settings = _train_settings(config, data, {"epochs": epochs, "batch_size": batch_size, "max_batches_per_epoch": max_batches_per_epoch,
-                                              "seed": seed, "device": device, "precision": precision}, model)
+                                              "seed": seed, "device": device, "precision": precision,
+                                              "init_from": str(init_from) if init_from else None}, model)
     _check_device(device)
     train_config = TrainConfig.from_dict(settings)
     trainer = Trainer(train_config, out)

@@ -106,6 +106,18 @@ def test_init_from_another_architecture_is_refused_another_loss_is_not(bc_run, t
     assert start and all(torch.equal(state[name].cpu(), value) for name, value in start.items())
 
 
+def test_train_init_from_starts_a_fine_tune_from_another_run(bc_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from nsacdrive.cli import app
+
+    out = tmp_path / "fine-tune"
+    result = CliRunner().invoke(app, ["train", "--config", str(bc_run / "config.json"), "--init-from", str(bc_run),
+                                      "--epochs", "1", "--max-batches-per-epoch", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["init_from"] == str(bc_run)
+
+
 def test_a_dagger_round_records_expert_labels_and_fine_tunes_on_the_union(bc_run, tmp_path):
     config = DaggerConfig(init=str(bc_run), rounds=1, episodes_per_round=2, beta0=0.5, epochs_per_round=1, lr=4e-4,
                           max_steps=60, max_batches_per_epoch=2, workers=1, eval_seeds="5",
