@@ -167,12 +167,13 @@ class ActionChangePenalty(gym.Wrapper):
 
     def __init__(self, env: gym.Env, coef: float) -> None:
         super().__init__(env)
-        self.full_coef = self.coef = coef
+        self.coef = coef
+        self.scale = 1.0
         self.previous = None
 
     def scale_action_change_penalty(self, scale: float) -> None:
-        """Charge ``scale`` (in [0, 1]) of the full penalty from now on."""
-        self.coef = self.full_coef * min(max(scale, 0.0), 1.0)
+        """Charge ``scale`` (clipped to [0, 1]) of the penalty from now on."""
+        self.scale = min(max(scale, 0.0), 1.0)
 
     def reset(self, **kwargs):
         self.previous = None
@@ -182,7 +183,7 @@ class ActionChangePenalty(gym.Wrapper):
         observation, reward, terminated, truncated, info = self.env.step(action)
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
         if self.previous is not None:
-            reward = float(reward) - self.coef * float(np.abs(action - self.previous).sum())
+            reward = float(reward) - self.scale * self.coef * float(np.abs(action - self.previous).sum())
         self.previous = action
         return observation, reward, terminated, truncated, info
 

@@ -191,6 +191,8 @@ def test_action_change_penalty_charges_the_l1_change_of_the_policy_action():
     assert env.step(np.array([-3.0], np.float32))[1] == pytest.approx(1.0 - 2.0 * 0.75)  # as executed: clipped to -1
     env.reset()
     assert env.step(np.array([1.0], np.float32))[1] == 1.0  # a new episode forgets the last action
+    env.scale_action_change_penalty(0.5)
+    assert env.step(np.array([0.0], np.float32))[1] == pytest.approx(1.0 - 0.5 * 2.0 * 1.0)
 
 
 def test_action_noise_perturbs_each_physics_step_from_its_own_seeded_stream():
@@ -218,12 +220,12 @@ def test_the_action_change_penalty_ramps_with_the_model_clock_from_zero_to_full(
     model = SimpleNamespace(get_env=lambda: venv, logger=None, num_timesteps=0)
     ramp = new_penalty_ramp(warmup=1000)
     ramp.init_callback(model)
-    coefs = []
+    scales = []
     for clock in (0, 250, 1000, 5000):  # a resumed model starts its clock where it stopped
         model.num_timesteps = clock
         ramp.on_rollout_start()
-        coefs.append(venv.get_attr("coef")[0])
-    assert coefs == [0.0, 0.75, 3.0, 3.0]
+        scales.append(venv.get_attr("scale")[0])
+    assert scales == [0.0, 0.25, 1.0, 1.0]
     venv.close()
 
 
