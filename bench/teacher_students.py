@@ -14,7 +14,8 @@ the student reaches). ``--view front`` runs the front-camera recipe of the user 
 drives and labels the Udacity-style camera on tracks 0–59, side cameras 2 units out, clean and with
 action noise 0.2; students train with ``configs/front-camera.json`` and are fine-tuned with β-NLL
 (``configs/front-camera-bnll.json``), then drive with pedal caution 0.5. The students drive the
-held-out tracks 42 and 1000–1009, default colours and ``shift-3``. Every step resumes. The table
+held-out tracks 42 and 1000–1009 (``--stage development``: tracks 3000–3010, to compare teachers
+and recipes without touching them), default colours and ``shift-3``. Every step resumes. The table
 (laps per training seed and their mean ± std, per stage) goes to ``results/ppo-expert.json`` with
 its provenance, then the docs are rendered.
 """
@@ -34,7 +35,9 @@ from bench.seed_table import Row, collect_rows, recipe_and_seed, spread
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
 NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
-HELD_OUT, PRESETS = "42,1000-1009", ("default", "shift-3")
+#: the tracks students drive: ``development`` to compare teachers and recipes, ``protocol`` (held out) to report
+STAGE_TRACKS = {"development": "3000-3010", "protocol": "42,1000-1009"}
+PRESETS = ("default", "shift-3")
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,9 @@ def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
     return counts + (f" of {episodes.pop()}" if len(episodes) == 1 else "") + (f" ({spread(driven, 0, 100)} %)" if driven else "")
 
 
-def commands_for(teacher: str, recipe: StudentRecipe, data: Path, folder: Path, seeds: list[int], workers: int) -> list[list[str]]:
-    """Every step of one teacher's students, in order."""
+def commands_for(teacher: str, recipe: StudentRecipe, data: Path, folder: Path, seeds: list[int], workers: int,
+                 stage: str = "protocol") -> list[list[str]]:
+    """Every step of one teacher's students, in order, driven on ``stage``'s tracks."""
     steps = [[NSACDRIVE, "collect", *recipe.collect_options, "--agent", teacher, "--seeds", tracks, *extra, "--out", str(data),
               "--workers", str(workers), "--resume"] for tracks, extra in recipe.demonstrations]
     steps.append([NSACDRIVE, "sweep", "--config", recipe.config, "--data", str(data), "--seeds", format_seeds(seeds),
@@ -109,18 +113,18 @@ def commands_for(teacher: str, recipe: StudentRecipe, data: Path, folder: Path, 
         else:
             steps.append([NSACDRIVE, "train", "--config", recipe.fine_tune, "--data", str(data), "--init-from", str(init),
                           "--seed", str(seed), "--out", out, "--resume"])
-    for runs_driven, out in eval_groups(folder, recipe, seeds):
-        steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", HELD_OUT, "--colour-preset", ",".join(PRESETS),
+    for runs_driven, out in eval_groups(folder, recipe, seeds, stage):
+        steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", STAGE_TRACKS[stage], "--colour-preset", ",".join(PRESETS),
                       *recipe.drive_options, "--workers", str(workers), "--out", str(out), "--resume"])
     return steps
 
 
-def eval_groups(folder: Path, recipe: StudentRecipe, seeds: list[int]) -> list[tuple[list[Path], Path]]:
+def eval_groups(folder: Path, recipe: StudentRecipe, seeds: list[int], stage: str = "protocol") -> list[tuple[list[Path], Path]]:
     """(student runs, evaluation folder): the behaviour-cloned students together, each second-stage
     student alone (one evaluation cannot hold two runs of one name, such as DAgger's round-1)."""
-    runs = student_runs(folder, recipe, seeds)
-    return [(runs["bc"], folder / "eval" / "bc"),
-            *(([run], folder / "eval" / second_stage_folder(folder, recipe, seed).name)
+    runs, evaluations = student_runs(folder, recipe, seeds), folder / ("eval" if stage == "protocol" else f"eval-{stage}")
+    return [(runs["bc"], evaluations / "bc"),
+            *(([run], evaluations / second_stage_folder(folder, recipe, seed).name)
               for seed, run in zip(seeds, runs["second"], strict=True))]
 
 
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("teachers", nargs="+", help="agent specs: expert, expert:smooth, ppo:DIR")
     parser.add_argument("--view", choices=sorted(RECIPES), default="carracing", help="the students' camera and recipe")
+    parser.add_argument("--stage", choices=sorted(STAGE_TRACKS), default="protocol",
+                        help="development: tracks to choose teachers and recipes on; protocol: the held-out tracks to report")
     parser.add_argument("--seeds", default="0-2", help="the students' training seeds")
     parser.add_argument("--data", type=Path, default=Path("data/students"), help="demonstrations go to DATA/<teacher>[_front]")
     parser.add_argument("--out", type=Path, default=Path("runs/students"), help="students go to OUT/<teacher>[_front]")
@@ -140,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     for teacher in args.teachers:
         name = teacher_name(teacher) + recipe.folder_suffix
         folder = args.out / name
-        for step in commands_for(teacher, recipe, args.data / name, folder, seeds, args.workers):
+        for step in commands_for(teacher, recipe, args.data / name, folder, seeds, args.workers, args.stage):
             if not args.written:
                 subprocess.run(step, check=True)
             commands.append(shlex.join(["nsacdrive", *step[1:]]))
-        driven = collect_rows([out for _, out in eval_groups(folder, recipe, seeds)])
+        driven = collect_rows([out for _, out in eval_groups(folder, recipe, seeds, args.stage)])
         runs = student_runs(folder, recipe, seeds)
         for stage, key in (("behaviour cloning", "bc"), (recipe.second_stage, "second")):
             rows.append([f"`{teacher}`", stage, *(laps_cell(driven, runs[key][0], preset, seeds) for preset in PRESETS)])
@@ -155,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
               else f"the fine-tune `{recipe.fine_tune}`")
     drive = f", driven with `{shlex.join(recipe.drive_options)}`" if recipe.drive_options else ""
     table = {
-        "name": f"{recipe.title} of each teacher, training seeds {format_seeds(seeds)}: {', '.join(args.teachers)}",
+        "name": f"{recipe.title} of each teacher{'' if args.stage == 'protocol' else ' (development)'}, "
+                f"training seeds {format_seeds(seeds)}: {', '.join(args.teachers)}",
         "caption": f"`{recipe.config}` and {second} on each teacher's demonstrations{drive}; laps per training seed on "
-                   f"tracks {HELD_OUT}.",
+                   f"tracks {STAGE_TRACKS[args.stage]}.",
         "columns": ["teacher", "student", *PRESETS],
         "rows": rows,
         "provenance": current_provenance(commands, configs, seeds),

@@ -59,3 +59,13 @@ def test_front_camera_students_learn_from_the_teacher_on_the_front_camera_and_ar
     assert [e[2] for e in evaluations[1:]] == ["runs/t/fine-tune-s0", "runs/t/fine-tune-s1"]
     assert all(e[e.index("--pedal-caution") + 1] == "0.5" for e in evaluations)
     assert not any(s[1] == "dagger" for s in steps)
+
+
+def test_the_development_stage_drives_other_tracks_into_other_folders():
+    protocol, development = (commands_for("expert", DEMO, Path("d"), Path("r"), [0], 2, stage) for stage in ("protocol", "development"))
+    assert [s for s in protocol if s[1] != "eval"] == [s for s in development if s[1] != "eval"]  # the same students
+    tracks = {stage: {s[s.index("--seeds") + 1] for s in steps if s[1] == "eval"} for stage, steps in
+              (("protocol", protocol), ("development", development))}
+    assert tracks == {"protocol": {"42,1000-1009"}, "development": {"3000-3010"}}
+    outs = [{s[s.index("--out") + 1] for s in steps if s[1] == "eval"} for steps in (protocol, development)]
+    assert not outs[0] & outs[1]
