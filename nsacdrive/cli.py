@@ -248,6 +248,7 @@ def expert_train(
     n_envs: Optional[int] = typer.Option(None, "--n-envs", min=1, help="Parallel envs (default 2 for state, 8 for pixels)."),
     eval_freq: Optional[int] = typer.Option(None, "--eval-freq", min=0, help="Decisions between evaluations on the seed's own evaluation tracks (0 = none); each extends eval/curve.json and eval/curve.png. Default: the recipe's."),
     eval_episodes: Optional[int] = typer.Option(None, "--eval-episodes", min=1, help="Episodes per evaluation. Default: the recipe's."),
+    action_change_penalty: Optional[float] = typer.Option(None, "--action-change-penalty", min=0.0, help="state: the charge per unit of L1 change of the policy's action (training envs only). Default: the recipe's."),
     action_change_warmup: Optional[int] = typer.Option(None, "--action-change-warmup", min=0, help="state: decisions over which the action-change penalty ramps from 0 to full (training envs only). Default: the recipe's (0 would charge it in full from the start)."),
     action_noise: Optional[float] = typer.Option(None, "--action-noise", min=0.0, help="state: std of executed-action noise at every physics step of the training envs, as collect --noise adds it. Default: the recipe's (0: none)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
@@ -258,7 +259,8 @@ def expert_train(
     from nsacdrive.agents.ppo_config import PPOConfig
 
     options = {"timesteps": timesteps, "n_envs": n_envs, "eval_freq": eval_freq, "eval_episodes": eval_episodes,
-               "action_change_warmup": action_change_warmup, "action_noise": action_noise}
+               "action_change_penalty": action_change_penalty, "action_change_warmup": action_change_warmup,
+               "action_noise": action_noise}
     overrides: dict = {"seed": seed, "progress_bar": progress, **{k: v for k, v in options.items() if v is not None}}
     config = PPOConfig.pixels_recipe(**overrides) if obs.value == "pixels" else PPOConfig.state_recipe(**overrides)
     model = train_ppo(config, out, resume=resume, log=lambda m: typer.echo(m, err=True))

@@ -638,9 +638,11 @@ def test_cli_train_passes_the_training_env_options_over_the_recipe(tmp_path, mon
     seen = []
     monkeypatch.setattr(ppo, "train_ppo", lambda config, out, resume, log: seen.append(config) or SimpleNamespace(num_timesteps=0))
     runner = CliRunner()
-    result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--action-noise", "0.1", "--action-change-warmup", "100000"])
+    result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--action-noise", "0.1", "--action-change-warmup", "100000",
+                                 "--action-change-penalty", "10"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
-    assert [(c.action_noise, c.action_change_warmup) for c in seen] == [(0.1, 100_000), (0.0, 300_000)]
-    assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=100_000)
+    assert [(c.action_noise, c.action_change_warmup, c.action_change_penalty) for c in seen] == [(0.1, 100_000, 10.0), (0.0, 300_000, 3.0)]
+    assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=100_000,
+                                             action_change_penalty=10.0)
