@@ -142,8 +142,8 @@ def new_penalty_ramp(warmup: int) -> Any:
 def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=print):
     """Train (or with ``resume`` continue) PPO into ``out_dir``; returns the model.
 
-    On resume the saved ``config.json`` wins except for ``timesteps`` (steps to ADD) and
-    ``progress_bar``; ``obs`` must match. Resuming loads ``model.zip`` and ``vecnormalize.pkl``,
+    On resume the saved ``config.json`` wins except for ``timesteps`` (steps to ADD),
+    ``progress_bar`` and ``device`` (where this machine runs it); ``obs`` must match. Resuming loads ``model.zip`` and ``vecnormalize.pkl``,
     pickles that can execute code: resume only folders you made yourself.
     """
     import torch
@@ -157,7 +157,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
         saved = load_config(out)
         if saved.obs != config.obs:
             raise ValueError(f"--resume: {out / CONFIG_FILE} was trained with obs={saved.obs!r}, not {config.obs!r}")
-        config = replace(saved, timesteps=config.timesteps, progress_bar=config.progress_bar)
+        config = replace(saved, timesteps=config.timesteps, progress_bar=config.progress_bar, device=config.device)
         _check_resumable(out)
     elif (out / MODEL_FILE).exists():
         raise FileExistsError(f"{out / MODEL_FILE} exists: pass --resume to continue it or choose another --out")
@@ -169,7 +169,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
     if resume:
         venv = VecNormalize.load(str(out / VECNORMALIZE_FILE), venv)
         venv.training = True
-        model = PPO.load(str(out / MODEL_FILE), env=venv, device="cpu", tensorboard_log=str(out / "tensorboard"))
+        model = PPO.load(str(out / MODEL_FILE), env=venv, device=config.device, tensorboard_log=str(out / "tensorboard"))
     else:
         venv = VecNormalize(venv, norm_obs=config.norm_obs, norm_reward=config.norm_reward, gamma=config.gamma)
         policy_kwargs = dict(
@@ -196,7 +196,7 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
             policy_kwargs=policy_kwargs,
             tensorboard_log=str(out / "tensorboard"),
             seed=config.seed,
-            device="cpu",
+            device=config.device,
             verbose=0,
         )
     atomic_write_json(out / CONFIG_FILE, asdict(config))

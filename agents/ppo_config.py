@@ -3,6 +3,7 @@ recipes: PPO on the privileged state (the shipped one) and rl-baselines3-zoo's f
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -61,12 +62,15 @@ class PPOConfig:
     action_change_penalty: float = 0.0  # state, training envs only: minus this × |Δ action| (L1) per decision
     action_change_warmup: int = 0  # decisions over which that penalty ramps linearly from 0 to full (0: full from the start)
     action_noise: float = 0.0  # state, training envs only: std of Gaussian noise on each physics step's steer and pedal
+    device: str = "cpu"  # where the policy's updates run: cpu, cuda, cuda:N or auto (CUDA when present)
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
         if self.obs not in OBS_KINDS:
             raise ValueError(f"obs must be one of {OBS_KINDS}, got {self.obs!r}")
         check_ranges(self, "PPO config", PPO_RANGES)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         object.__setattr__(self, "net_arch", [int(n) for n in self.net_arch])  # JSON may give floats
@@ -88,12 +92,12 @@ class PPOConfig:
 
     @classmethod
     def pixels_recipe(cls, **overrides: Any) -> PPOConfig:
-        """rl-baselines3-zoo's CarRacing-v3 PPO hyperparameters (hours of CPU; see module docstring)."""
+        """rl-baselines3-zoo's CarRacing-v3 PPO hyperparameters, updates on CUDA when present (hours of CPU)."""
         recipe: dict[str, Any] = dict(
             obs="pixels", timesteps=4_000_000, n_envs=8, n_steps=512, batch_size=128, n_epochs=10,
             gamma=0.99, gae_lambda=0.95, learning_rate=1e-4, linear_lr=True, ent_coef=0.0, clip_range=0.2,
             net_arch=[256], log_std_init=-2.0, activation="gelu", ortho_init=False, use_sde=True,
-            sde_sample_freq=4, norm_obs=False, norm_reward=True, frame_stack=2, frame_skip=2,
+            sde_sample_freq=4, norm_obs=False, norm_reward=True, frame_stack=2, frame_skip=2, device="auto",
         )
         recipe.update(overrides)
         return cls(**recipe)

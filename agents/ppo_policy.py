@@ -126,7 +126,7 @@ def write_policy(policy, vecnorm, num_timesteps: int, folder: Path) -> None:
 
     state = policy.state_dict()
     canonical = _canonical_names(state)
-    weights = safetensors.torch.save({name: t.detach().contiguous() for name, t in state.items() if canonical[name] == name})
+    weights = safetensors.torch.save({name: t.detach().cpu().contiguous() for name, t in state.items() if canonical[name] == name})
     atomic_write_bytes(folder / POLICY_WEIGHTS_FILE, weights)
     atomic_write_json(folder / POLICY_FILE, {
         "format": POLICY_FORMAT,

@@ -10,6 +10,7 @@ import json
 import pickle
 import shutil
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -646,3 +647,21 @@ def test_cli_train_passes_the_training_env_options_over_the_recipe(tmp_path, mon
     assert [(c.action_noise, c.action_change_warmup, c.action_change_penalty) for c in seen] == [(0.1, 100_000, 10.0), (0.0, 300_000, 3.0)]
     assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=100_000,
                                              action_change_penalty=10.0)
+
+
+def test_the_device_of_the_updates_is_checked_and_resuming_may_move_it(tmp_path):
+    assert (PPOConfig.state_recipe().device, PPOConfig.pixels_recipe().device) == ("cpu", "auto")
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        PPOConfig.state_recipe(device="gpu")
+    config = PPOConfig.state_recipe(timesteps=64, n_steps=32, batch_size=32, n_epochs=1, eval_freq=0, max_episode_steps=20,
+                                    progress_bar=False)
+    train_ppo(config, tmp_path, log=lambda message: None)
+    model = train_ppo(replace(config, device="auto"), tmp_path, resume=True, log=lambda message: None)
+    assert json.loads((tmp_path / "config.json").read_text())["device"] == "auto" and model.num_timesteps >= 128
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cli_train_refuses_cuda_where_there_is_none(tmp_path):
+    result = CliRunner().invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--device", "cuda"])
+    assert result.exit_code != 0 and "CUDA is not available" in result.output
+    assert not (tmp_path / "a").exists()
