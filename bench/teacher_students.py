@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/students"), help="students go to OUT/<teacher>[_front]")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--written", action="store_true", help="read the evaluations as an earlier call left them")
+    parser.add_argument("--note", default=None, help="what a reader must know, such as how each teacher was trained")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds, "--seeds")
     recipe = RECIPES[args.view]
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"tracks {STAGE_TRACKS[args.stage]}.",
         "columns": ["teacher", "student", *PRESETS],
         "rows": rows,
-        "provenance": current_provenance(commands, configs, seeds),
+        "provenance": current_provenance(commands, configs, seeds) | ({"note": args.note} if args.note else {}),
     }
     path = put_table("ppo-expert", table, REPO)
     render(Layout.of(REPO))
