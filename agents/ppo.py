@@ -89,7 +89,7 @@ def env_factory(config: PPOConfig, training: bool):
 def vec_envs(config: PPOConfig, seed: int, n_envs: int, training: bool = True):
     """``n_envs`` seeded envs of ``config`` (subprocesses when more than one); evaluation envs count laps."""
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack, VecTransposeImage
 
     vec_cls = SubprocVecEnv if n_envs > 1 else DummyVecEnv
     kwargs = {"start_method": "forkserver"} if n_envs > 1 else None
@@ -97,6 +97,8 @@ def vec_envs(config: PPOConfig, seed: int, n_envs: int, training: bool = True):
                         wrapper_class=None if training else LapSuccess)
     if config.frame_stack > 1:
         venv = VecFrameStack(venv, config.frame_stack)
+    if config.obs == "pixels":  # channels first below VecNormalize, so training and evaluation envs wrap alike
+        venv = VecTransposeImage(venv)  # (left to SB3, the training env alone gets it on top and syncing statistics fails)
     return venv
 
 

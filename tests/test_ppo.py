@@ -238,6 +238,18 @@ def test_lap_success_marks_the_end_of_an_episode(finished):
     assert info["is_success"] is finished
 
 
+def test_the_pixel_recipe_trains_and_evaluates(tmp_path):
+    config = PPOConfig.pixels_recipe(n_envs=1, n_steps=16, batch_size=16, n_epochs=1, timesteps=32, eval_freq=16, eval_episodes=1,
+                                     max_episode_steps=20, device="cpu", progress_bar=False)
+    train_ppo(config, tmp_path, log=lambda message: None)
+    assert [point.timesteps for point in read_curve(tmp_path / "eval")] == [16, 32]
+    agent = PPOAgent(tmp_path / "best")
+    env = make_car_racing(max_episode_steps=20)
+    observation, _ = env.reset(seed=0)
+    action = agent.act(observation, privileged_state(env))
+    assert action.shape == (3,) and env.action_space.contains(action.astype(np.float32))
+
+
 def test_pixel_recipe_constructs():
     config = PPOConfig.pixels_recipe()
     assert (config.frame_stack, config.frame_skip, config.n_envs, config.timesteps) == (2, 2, 8, 4_000_000)
