@@ -47,6 +47,7 @@ class StudentRecipe:
     and how the students drive."""
 
     title: str  # names the results table
+    description: str  # its caption
     folder_suffix: str  # of the teacher's data and student folders
     collect_options: tuple[str, ...]  # the env of the demonstrations
     demonstrations: tuple[tuple[str, tuple[str, ...]], ...]  # (track seeds, extra collect options)
@@ -58,10 +59,13 @@ class StudentRecipe:
 
 DAGGER = ("--rounds", "1", "--episodes-per-round", "16", "--lr", "0.00025")
 RECIPES = {
-    "carracing": StudentRecipe("Students", "", (),
+    "carracing": StudentRecipe("Students", "`make demo`'s recipe (`configs/demo.json` and one DAgger round at lr 2.5e-4) on each "
+                               "teacher's demonstrations, the teacher labelling the DAgger round", "", (),
                                (("0-31", ()), ("0-27", ("--noise", "0.2")), ("30-31", ("--colour-preset", "shift-3"))),
                                "configs/demo.json", "after the DAgger round"),
-    "front": StudentRecipe("Front-camera students", "_front", ("--env", "udacity-style", "--side-offset", "2"),
+    "front": StudentRecipe("Front-camera students", "The front-camera recipe (`configs/front-camera.json`, then the β-NLL "
+                           "fine-tune `configs/front-camera-bnll.json` from each seed's run) on each teacher's demonstrations "
+                           "of the Udacity-style camera, driven with `--pedal-caution 0.5`", "_front", ("--env", "udacity-style", "--side-offset", "2"),
                            (("0-59", ()), ("0-59", ("--noise", "0.2"))), "configs/front-camera.json",
                            "after the β-NLL fine-tune", fine_tune="configs/front-camera-bnll.json",
                            drive_options=("--pedal-caution", "0.5")),
@@ -158,14 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.teacher_students", *own]))
     configs = [recipe.config, *([recipe.fine_tune] if recipe.fine_tune else [])]
-    second = ("one DAgger round at lr 2.5e-4, the teacher labelling it" if recipe.fine_tune is None
-              else f"the fine-tune `{recipe.fine_tune}`")
-    drive = f", driven with `{shlex.join(recipe.drive_options)}`" if recipe.drive_options else ""
     table = {
         "name": f"{recipe.title} of each teacher{'' if args.stage == 'protocol' else ' (development)'}, "
                 f"training seeds {format_seeds(seeds)}: {', '.join(args.teachers)}",
-        "caption": f"`{recipe.config}` and {second} on each teacher's demonstrations{drive}; laps per training seed on "
-                   f"tracks {STAGE_TRACKS[args.stage]}.",
+        "caption": f"{recipe.description}; laps per training seed on tracks {STAGE_TRACKS[args.stage]}.",
         "columns": ["teacher", "student", *PRESETS],
         "rows": rows,
         "provenance": current_provenance(commands, configs, seeds) | ({"note": args.note} if args.note else {}),
