@@ -86,7 +86,7 @@ class PPOConfig:
                                       off_road_penalty=20.0, centre_penalty=0.1, missed_tile_penalty=25.0,
                                       action_change_penalty=3.0, action_change_warmup=300_000, n_steps=1024,
                                       batch_size=256, gamma=0.995, log_std_init=-1.5, linear_lr=True, eval_freq=50_000,
-                                      eval_episodes=20)
+                                      eval_episodes=50)
         recipe.update(overrides)
         return cls(**recipe)
 
