@@ -145,8 +145,9 @@ def train_ppo(config: PPOConfig, out_dir: str | Path, resume: bool = False, log=
     """Train (or with ``resume`` continue) PPO into ``out_dir``; returns the model.
 
     On resume the saved ``config.json`` wins except for ``timesteps`` (steps to ADD),
-    ``progress_bar`` and ``device`` (where this machine runs it); ``obs`` must match. Resuming loads ``model.zip`` and ``vecnormalize.pkl``,
-    pickles that can execute code: resume only folders you made yourself.
+    ``progress_bar`` and ``device`` (where this machine runs it); ``obs`` must match. Resuming
+    loads ``model.zip`` and ``vecnormalize.pkl``, pickles that can execute code: resume only
+    folders you made yourself.
     """
     import torch
     from stable_baselines3 import PPO

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = PPOConfig.pixels_recipe().timesteps
     best = best_point(points)
     results = {
-        "commands": [" ".join(["nsacdrive", *step[1:]]) for step in (train, evaluate)],
+        "commands": [shlex.join(["nsacdrive", *step[1:]]) for step in (train, evaluate)],
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "decisions_per_s": rate, "decisions_per_hour": rate * HOUR_S, "recipe_decisions": recipe,
         "recipe_hours": recipe / rate / HOUR_S,
