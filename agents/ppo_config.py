@@ -3,11 +3,11 @@ recipes: PPO on the privileged state (the shipped one) and rl-baselines3-zoo's f
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, check_ranges
+from nsacdrive.common.devices import check_device_name
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS
 
 OBS_KINDS = ("state", "pixels")
@@ -69,8 +69,7 @@ class PPOConfig:
         if self.obs not in OBS_KINDS:
             raise ValueError(f"obs must be one of {OBS_KINDS}, got {self.obs!r}")
         check_ranges(self, "PPO config", PPO_RANGES)
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device_name(self.device, "PPO config device")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         object.__setattr__(self, "net_arch", [int(n) for n in self.net_arch])  # JSON may give floats

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from nsacdrive.common.devices import check_device_name
 from nsacdrive.common.versions import check_versions
 from nsacdrive.controllers.calibration import read_calibration
 from nsacdrive.controllers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_config
@@ -28,10 +29,8 @@ def usable_device(name: str, option: str = "--device") -> torch.device:
 
     :raises ValueError: naming ``option``, the device and what this machine has instead
     """
-    try:
-        device = pick_device(name)
-    except RuntimeError:
-        raise ValueError(f"{option}: {name!r} is not a device; expected auto, cpu, cuda or cuda:N") from None
+    check_device_name(name, option)
+    device = pick_device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}, but no GPU answers"

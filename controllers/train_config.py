@@ -6,9 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from nsacdrive.common.config_checks import COUNT, NON_NEGATIVE, POSITIVE, Range, check_fields, config_from_dict
+from nsacdrive.common.devices import check_device_name
 from nsacdrive.controllers.augment import AugmentConfig
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import PERTURBATIONS
@@ -83,11 +82,7 @@ class TrainConfig:
             raise ValueError(f"training config perturbation must be one of {', '.join(PERTURBATIONS)}, got {self.perturbation!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"training config precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        try:
-            if self.device != "auto":
-                torch.device(self.device)
-        except RuntimeError:
-            raise ValueError(f"training config device must be 'auto' or a torch device (cpu, cuda, cuda:1 …), got {self.device!r}") from None
+        check_device_name(self.device, "training config device")
 
     def _check_split(self) -> None:
         """Explicit seed ranges must be disjoint (a validation or test track the model trained on

@@ -10,7 +10,6 @@ modules that use them re-export them: :mod:`nsacdrive.eval.closed_loop` its ``Dr
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from nsacdrive.common.config_checks import (
     check_distinct,
     check_ranges,
 )
+from nsacdrive.common.devices import check_device_name
 from nsacdrive.envs.car_racing import FPS, MAX_EPISODE_STEPS, RENDERERS
 from nsacdrive.envs.colours import validate_preset
 from nsacdrive.envs.corruptions import NO_CORRUPTION, parse_corruptions
@@ -35,18 +35,6 @@ from nsacdrive.eval.misbehaviour import EventConfig
 from nsacdrive.eval.modes import DEFAULT_THRESHOLD, FALLBACKS, INFERENCE_MODES, MONITOR_THRESHOLDS
 from nsacdrive.eval.monitor_scores import SCORES
 from nsacdrive.eval.predictor_features import PREDICTOR_SCORE, FailurePredictor
-
-#: The device types ``torch.device`` takes, as torch lists them (a test compares the two), so a
-#: device name is checked without importing torch.
-TORCH_DEVICE_TYPES = ("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga", "maia", "xla",
-                      "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone")
-_DEVICE_NAME = re.compile(f"(?:{'|'.join(TORCH_DEVICE_TYPES)})(?::(?:0|[1-9][0-9]*))?")
-
-
-def is_torch_device(name: object) -> bool:
-    """Whether ``torch.device(name)`` takes the name ``name`` (``cpu``, ``cuda``, ``cuda:1``): a type, then
-    an optional index."""
-    return isinstance(name, str) and _DEVICE_NAME.fullmatch(name) is not None
 
 
 def gas_caution_fits(pedal_caution: float | None, gas_caution: float | None) -> bool:
@@ -148,8 +136,7 @@ class DriveConfig:
             raise ValueError(f"drive config gas_caution must be >= 0 and goes with pedal_caution, got {self.gas_caution} "
                              f"with pedal_caution {self.pedal_caution}")
         check_ranges(self, "drive config", DRIVE_RANGES)
-        if not is_torch_device(self.device):
-            raise ValueError(f"drive config device: expected a torch device such as cpu or cuda, got {self.device!r}")
+        check_device_name(self.device, "drive config device", allow_auto=False)
         if self.renderer not in RENDERERS:
             raise ValueError(f"drive config renderer: expected one of {', '.join(RENDERERS)}, got {self.renderer!r}")
         if (self.monitor_score is None) != (self.monitor_threshold is None):

@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from nsacdrive.cli import app
+from nsacdrive.common.devices import TORCH_DEVICE_TYPES, check_device_name, is_torch_device
 from nsacdrive.controllers.noise import randn_like_on
 from nsacdrive.controllers.prediction import UncertainPrediction
 from nsacdrive.controllers.run import load_run, read_run_config
 from nsacdrive.controllers.training import Trainer
 from nsacdrive.eval.closed_loop import DriveConfig, EpisodeKey, run_episodes
-from nsacdrive.eval.configs import TORCH_DEVICE_TYPES, is_torch_device
 from nsacdrive.eval.driver import ControllerPolicy
 from nsacdrive.eval.results import drive_config
 
@@ -73,6 +73,15 @@ def test_the_torch_free_device_check_takes_what_torch_takes():
     for name in ("cpu", "cuda", "cuda:0", "cuda:1", "cuda:12", "cpu:0", "mps", "meta", "cuda:01", "cuda:-1", "cuda:+1", "cuda:",
                  " cuda", "cuda ", "CUDA", "gpu", "cuda:1:2", ""):
         assert is_torch_device(name) == _torch_takes(name), name
+
+
+def test_a_device_name_is_refused_naming_its_field():
+    check_device_name("auto", "training config device")
+    check_device_name("cuda:1", "drive config device", allow_auto=False)
+    with pytest.raises(ValueError, match=r"drive config device: expected a torch device .* got 'auto'"):
+        check_device_name("auto", "drive config device", allow_auto=False)
+    with pytest.raises(ValueError, match=r"--device: expected auto or a torch device .* got 'gpu'"):
+        check_device_name("gpu", "--device")
 
 
 def test_a_gpu_evaluation_re_drives_on_a_machine_without_one(tmp_path):

@@ -162,7 +162,7 @@ def test_unknown_and_missing_fields_are_named():
 
 
 def test_a_bad_device_and_cnn_channels_that_groupnorm_cannot_split_are_rejected():
-    with pytest.raises(ValueError, match="device must be 'auto' or a torch device .* got 'gpu'"):
+    with pytest.raises(ValueError, match="training config device: expected auto or a torch device .* got 'gpu'"):
         TrainConfig(data="d", device="gpu")
     with pytest.raises(ValueError, match=r"multiples of 8 .* got \(8, 12, 16\)"):
         EncoderConfig(channels=(8, 12, 16))
