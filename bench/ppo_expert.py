@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.ppo_commands import as_recorded, ppo_commands
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.seed_table import spread
 from bench.teacher_smoothness import CONDITIONS, LABEL_TRACKS, record, smoothness
@@ -38,7 +39,6 @@ from nsacdrive.agents.ppo_policy import POLICY_FILE
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
-NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 HELD_OUT = "1000-1099"
 HELD_OUT_FILE = "held-out.json"
 LABELS_FILE = "labels.json"
@@ -122,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     commands, rows, curves, held_outs = [], [], {}, []
     for seed in seeds:
         folder = args.out / f"state-s{seed}"
-        train = [NSACDRIVE, "expert", "train", "--obs", "state", "--seed", str(seed), "--timesteps", str(args.timesteps),
-                 "--out", str(folder), "--no-progress"]
-        evaluate = [NSACDRIVE, "expert", "evaluate", "--agent", f"ppo:{folder / 'best'}", "--seeds", HELD_OUT,
-                    "--workers", str(args.workers), "--out", str(folder / HELD_OUT_FILE)]
+        train, evaluate = ppo_commands("state", seed, args.timesteps, folder, HELD_OUT, folder / HELD_OUT_FILE, workers=args.workers)
         if not args.written:
             done = trained_steps(folder)
             if done < args.timesteps:
@@ -134,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"remove it, or continue it with `nsacdrive expert train --resume`")
                 subprocess.run(train, check=True)
             subprocess.run(evaluate, check=True)
-        commands += [shlex.join(["nsacdrive", *step[1:]]) for step in (train, evaluate)]
+        commands += [as_recorded(train), as_recorded(evaluate)]
         curves[seed] = read_curve(folder / "eval")
         if not curves[seed]:
             raise SystemExit(f"{folder / 'eval'} has no periodic evaluations: train with evaluation on")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +22,10 @@ from pathlib import Path
 import torch
 
 from bench.common import print_table, save_results
+from bench.ppo_commands import as_recorded, ppo_commands
 from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import best_point, read_curve
 
-NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 HOUR_S = 3600.0
 
 
@@ -39,10 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"--out: {args.out} exists: the check times a fresh training, so give a new folder")
-    train = [NSACDRIVE, "expert", "train", "--obs", "pixels", "--timesteps", str(args.timesteps), "--seed", str(args.seed),
-             "--eval-freq", str(args.eval_freq), "--out", str(args.out), "--no-progress"]
-    evaluate = [NSACDRIVE, "expert", "evaluate", "--agent", f"ppo:{args.out / 'best'}", "--seeds", "1000-1019",
-                "--out", str(args.out / "held-out.json")]
+    train, evaluate = ppo_commands("pixels", args.seed, args.timesteps, args.out, "1000-1019", args.out / "held-out.json",
+                                   "--eval-freq", str(args.eval_freq))
     subprocess.run(train, check=True)
     points = read_curve(args.out / "eval")
     if not points:
@@ -53,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = PPOConfig.pixels_recipe().timesteps
     best = best_point(points)
     results = {
-        "commands": [shlex.join(["nsacdrive", *step[1:]]) for step in (train, evaluate)],
+        "commands": [as_recorded(train), as_recorded(evaluate)],
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "decisions_per_s": rate, "decisions_per_hour": rate * HOUR_S, "recipe_decisions": recipe,
         "recipe_hours": recipe / rate / HOUR_S,
