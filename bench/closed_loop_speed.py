@@ -43,15 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import NSACDRIVE, print_table, recipe, replay_rate, timed_calls
+from bench.common import NSACDRIVE, print_table, recipe, replay_rate, timed_calls, untrained_run
 from nsacdrive.agents.expert import PurePursuitExpert
 from nsacdrive.agents.rollout import drive
 from nsacdrive.common.atomic import atomic_write_json
 from nsacdrive.common.heap import keep_freed_memory
 from nsacdrive.common.workers import start_worker_server
 from nsacdrive.controllers.actions import clip_to_box
-from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
-from nsacdrive.controllers.registry import build_controller
 from nsacdrive.envs.car_racing import NsacCarRacing, make_car_racing
 from nsacdrive.envs.observation import preprocess_observation
 from nsacdrive.envs.state import forward_speed
@@ -114,15 +112,6 @@ def ratio_cell(pairs: list[tuple[float, float]]) -> str:
     value, alone = sorted(pairs, key=lambda pair: pair[0] / pair[1])[len(pairs) // 2]
     spread = f"  ({ratios[0]:.0f}–{ratios[-1]:.0f} % over {len(pairs)} runs)" if len(pairs) > 1 else ""
     return f"{value:.0f} ({alone:.0f})  → {100 * value / alone:.0f} %{spread}"
-
-
-def untrained_run(config_path: Path, folder: Path) -> Path:
-    """An untrained run of ``config_path``'s architecture (seeded) in ``folder``."""
-    config = recipe(config_path)
-    torch.manual_seed(0)
-    write_config(folder, config.to_dict())
-    save_weights(build_controller(config.model), folder / WEIGHTS_FILE)
-    return folder
 
 
 def one_episode_rate(agent: ControllerAgent) -> tuple[float, list[np.ndarray]]:
@@ -274,7 +263,7 @@ def main() -> None:
     keep_freed_memory()  # as every evaluation worker does
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        run = untrained_run(CONFIG, Path(scratch) / "quality")
+        run = untrained_run(recipe(CONFIG), Path(scratch) / "quality")
         rate, actions = one_episode_rate(ControllerAgent(run))
         # one env alone: the median of several replays (the first env of a process draws into fresh memory)
         env_alone = float(np.median([replay_rate(actions, 42, renderer="fast") for _ in range(ENV_ALONE_REPLAYS)]))

@@ -18,6 +18,7 @@ import numpy as np
 import psutil
 import torch
 
+from nsacdrive.controllers.checkpoint import WEIGHTS_FILE, save_weights, write_config
 from nsacdrive.controllers.model_config import ModelConfig
 from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision
@@ -31,9 +32,21 @@ from nsacdrive.envs.observation_kinds import observation_kind
 NSACDRIVE = (sys.executable, "-m", "nsacdrive.cli")
 
 
-def recipe(config_path: Path) -> TrainConfig:
-    """The training recipe of a JSON config file (``configs/*.json``); its data folder is not read."""
-    return TrainConfig.from_dict({**json.loads(Path(config_path).read_text()), "data": "unused"})
+def recipe(config_path: Path, model: str | None = None) -> TrainConfig:
+    """The training recipe of a JSON config file (``configs/*.json``); its data folder is not read.
+    ``model``: another model under the same recipe, as ``nsacdrive train --config C --model M`` makes it."""
+    settings = json.loads(Path(config_path).read_text())
+    if model is not None:
+        settings["model"] = {**settings.get("model", {}), "model": model}
+    return TrainConfig.from_dict({**settings, "data": "unused"})
+
+
+def untrained_run(config: TrainConfig, folder: Path) -> Path:
+    """An untrained run folder of ``config``'s architecture (seeded) in ``folder``, for timing what drives it."""
+    torch.manual_seed(0)
+    write_config(folder, config.to_dict())
+    save_weights(build_controller(config.model), folder / WEIGHTS_FILE)
+    return folder
 
 
 def model_recipe(model: str) -> TrainConfig:

@@ -1,0 +1,123 @@
+"""What each model costs under one recipe: a training step and a closed-loop control step, as
+ratios to a baseline measured side by side.
+
+    python -m bench.model_costs configs/quality.json configs/quality.json:gmle \\
+        configs/quality.json:ensemble configs/quality-levy.json [--results]
+
+Each argument is a recipe, optionally ``:MODEL`` for another model under the same recipe (as
+``nsacdrive sweep --models`` trains it); the first is the baseline. Both steps run on one thread:
+
+* training: the recipe's whole optimiser step at its batch size (augmentation, forward with the
+  model's draws and perturbed twins, backward, AdamW) on a fixed random batch;
+* control: one step of ``nsacdrive eval``'s controller (:class:`ControllerPolicy`, one episode):
+  the newest frame encoded, the cached tokens of the older ones gathered, the head's prediction
+  with the model's own number of draws; untrained weights, which cost what trained ones do.
+
+Candidate and baseline steps alternate pair by pair, so a load spike hits both sides of a pair;
+each ratio is the median of the per-pair ratios. ``--results`` also puts the table, with this
+machine's provenance, into ``results/benchmarks.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.common import paired_median_ratio, recipe, training_step, untrained_run
+from bench.results import REPO, Layout, current_provenance, put_table, render
+from nsacdrive.controllers.registry import build_controller
+from nsacdrive.controllers.train_config import TrainConfig
+from nsacdrive.eval.driver import ControllerPolicy
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A recipe file and the model trained under it."""
+
+    path: Path
+    model: str | None
+
+    @classmethod
+    def parse(cls, spec: str) -> Candidate:
+        path, _, model = spec.partition(":")
+        if not Path(path).is_file():
+            raise SystemExit(f"{spec}: {path} is not a recipe file (configs/*.json)")
+        return cls(Path(path), model or None)
+
+    @property
+    def config(self) -> TrainConfig:
+        return recipe(self.path, self.model)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.config.model.model}"
+
+
+def control_step(config: TrainConfig, folder: Path) -> Callable[[], None]:
+    """One closed-loop control step of ``config``'s model on a fixed random frame and speed."""
+    controller = ControllerPolicy(untrained_run(config, folder))
+    frame = np.random.default_rng(0).integers(0, 256, (1, 96, 96, 3), dtype=np.uint8)
+    speed = np.array([40.0], dtype=np.float32) if controller.interface.speed_input else None
+
+    def step() -> None:
+        controller.predict_episodes([0], frame, speed)
+
+    return step
+
+
+def parameters(config: TrainConfig) -> int:
+    return sum(p.numel() for p in build_controller(config.model).parameters())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="+", help="RECIPE[:MODEL]; the first is the baseline")
+    parser.add_argument("--pairs", type=int, default=15, help="alternated pairs of training steps per candidate")
+    parser.add_argument("--control-pairs", type=int, default=200, help="alternated pairs of control steps per candidate")
+    parser.add_argument("--results", action="store_true",
+                        help="also put the table, with this machine's provenance, into results/benchmarks.json")
+    args = parser.parse_args(argv)
+    if len(args.recipes) < 2:
+        parser.error("give a baseline and at least one candidate")
+    base, *candidates = [Candidate.parse(spec) for spec in args.recipes]
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        base_train = training_step(base.config, base.config.batch_size, augment=True)
+        base_control = control_step(base.config, Path(scratch) / "baseline")
+        base_row = [f"`{base}` (baseline)", f"{parameters(base.config):,}", None, None]
+        print(f"one thread; baseline {base}")
+        print(f"{'candidate':<40}{'train s/step':>14}{'ratio':>8}{'control ms/step':>17}{'ratio':>8}")
+        for index, candidate in enumerate(candidates):
+            config = candidate.config
+            train_base, train_s, train_ratio = paired_median_ratio(base_train, training_step(config, config.batch_size, augment=True),
+                                                                   args.pairs)
+            control_base, control_s, control_ratio = paired_median_ratio(
+                base_control, control_step(config, Path(scratch) / f"candidate-{index}"), args.control_pairs, warmup=5)
+            print(f"{str(candidate):<40}{train_s:>14.3f}{train_ratio:>7.2f}×{1e3 * control_s:>17.2f}{control_ratio:>7.2f}×")
+            base_row[2:] = [f"{train_base:.3f} s", f"{1e3 * control_base:.2f} ms"]
+            rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
+                         f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
+    if args.results:
+        command = shlex.join(["python", "-m", "bench.model_costs", *(sys.argv[1:] if argv is None else argv)])
+        provenance = current_provenance([command], sorted({str(c.path) for c in (base, *candidates)}), [])
+        put_table("benchmarks", {
+            "name": "What each model costs under one recipe", "provenance": provenance,
+            "caption": (f"`bench.model_costs`: one thread; a training step at the recipe's batch size (median of {args.pairs} "
+                        f"alternated pairs) and one closed-loop control step with the model's own draws (median of "
+                        f"{args.control_pairs} pairs), each against the baseline's measured beside it. The baseline's row "
+                        "gives its own time from the last pair series."),
+            "columns": ["recipe:model", "parameters", "training step, ratio", "control step, ratio"],
+            "rows": [base_row, *rows]}, REPO)
+        render(Layout.of(REPO))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""bench.model_costs: models under one recipe, timed against a baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.common import recipe
+from bench.model_costs import Candidate, main
+
+
+def test_a_model_under_a_recipe_keeps_the_recipe_and_changes_only_the_model():
+    quality, gmle = recipe("configs/quality.json"), Candidate.parse("configs/quality.json:gmle").config
+    assert (quality.model.model, gmle.model.model) == ("nsac", "gmle")
+    assert gmle.model.speed_input == quality.model.speed_input and gmle.batch_size == quality.batch_size
+    assert gmle.augment == quality.augment and gmle.epochs == quality.epochs
+
+
+def test_a_missing_recipe_is_named():
+    with pytest.raises(SystemExit, match="configs/nope.json:gmle: configs/nope.json is not a recipe file"):
+        Candidate.parse("configs/nope.json:gmle")
+
+
+def test_the_bench_times_each_candidate_against_the_baseline(capsys):
+    main(["configs/quality.json", "configs/quality.json:gmle", "--pairs", "1", "--control-pairs", "1"])
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "configs/quality.json:gmle" and row[2].endswith("×") and row[4].endswith("×")
