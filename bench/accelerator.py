@@ -1,6 +1,6 @@
 """Training and control on an accelerator, against this machine's CPU, side by side in one run.
 
-* training: samples/s of NSAC steps on the quality recipe's controller (``configs/quality.json``:
+* training: samples/s of NSAC steps on the quality recipe's NSAC (``configs/quality.json --model nsac``:
   CNN + speed input + NSAC, hinge on held-out proxies) at batch 64, in float32 and with the encoder
   in bfloat16 (``precision: bfloat16``), and seconds per step of the
   front-camera recipe (``configs/front-camera.json``: NVIDIA encoder, batch 32, twins for a
@@ -85,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 2 if args.quick else 10
-    quality, front = recipe(ROOT / "configs" / "quality.json"), recipe(FRONT_CAMERA_CONFIG)
+    quality, front = recipe(ROOT / "configs" / "quality.json", "nsac"), recipe(FRONT_CAMERA_CONFIG)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results: dict[str, dict | None] = {"cpu": None, "cuda": None}
     for device in devices:

@@ -3,7 +3,7 @@ a time, B episodes in lockstep, and two lockstep groups double-buffered with the
 its own process; then evaluation throughput with 1 and 2 workers.
 
 Speed depends on the architecture, not on the weights, so the controller is an untrained
-(seeded) instance of ``configs/quality.json``: the CNN encoder and the 64-wide, 16-head NSAC of
+(seeded) NSAC of ``configs/quality.json`` (``--model nsac``): the CNN encoder and the 64-wide, 16-head NSAC of
 the quality runs, reading the speed, 20 draws per prediction. It drives track 42 and its
 neighbours with the fast renderer, every process on one torch thread.
 
@@ -263,7 +263,7 @@ def main() -> None:
     keep_freed_memory()  # as every evaluation worker does
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        run = untrained_run(recipe(CONFIG), Path(scratch) / "quality")
+        run = untrained_run(recipe(CONFIG, "nsac"), Path(scratch) / "quality")
         rate, actions = one_episode_rate(ControllerAgent(run))
         # one env alone: the median of several replays (the first env of a process draws into fresh memory)
         env_alone = float(np.median([replay_rate(actions, 42, renderer="fast") for _ in range(ENV_ALONE_REPLAYS)]))
@@ -313,7 +313,7 @@ def main() -> None:
     lockstep_alone = float(np.median([alone for _, alone in in_loop[f"{BATCHES[0]} episodes in lockstep, controller inline"]]))
     rows.append((f"  ceiling with a free controller and evaluator: {BATCHES[0]} envs alone in lockstep / one env alone",
                  f"{lockstep_alone / env_alone:.0%}"))
-    print_table("closed-loop benchmark (untrained configs/quality.json NSAC; speed depends on the architecture only)", rows)
+    print_table("closed-loop benchmark (untrained NSAC of configs/quality.json; speed depends on the architecture only)", rows)
     atomic_write_json(ROOT / "bench" / "results" / "closed_loop_speed.json",
                       {"in_loop": {k: [{"steps_per_s": v, "env_alone": a} for v, a in pairs] for k, pairs in in_loop.items()},
                        "evaluator": {str(b): {"inline": i, "process": p} for b, (i, p) in evaluator.items()},

@@ -1,7 +1,7 @@
 """What each model costs under one recipe: a training step and a closed-loop control step, as
 ratios to a baseline measured side by side.
 
-    python -m bench.model_costs configs/quality.json configs/quality.json:gmle \\
+    python -m bench.model_costs configs/quality.json:nsac configs/quality.json:gmle \\
         configs/quality.json:ensemble configs/quality-levy.json [--results]
 
 Each argument is a recipe, optionally ``:MODEL`` for another model under the same recipe (as

@@ -4,7 +4,7 @@
    inference (one noise-free pass) of the SAME controller — a small per-frame CNN over T = 4
    preprocessed 84×96 frames feeding NSAC — at batch 1 and 64; the published approach
    (S full passes of CNN + head) is timed alongside. Target: ≤ 1.5× (published: ~20×).
-   The same comparison for the shipped controller (``configs/quality.json``'s CNN encoder with
+   The same comparison for the quality recipe's NSAC (``configs/quality.json --model nsac``: CNN encoder with
    the speed input and NSAC head): deterministic = one noise-free pass; with uncertainty =
    ``Controller.predict`` with S = 20 and the feature-density score attached, as every
    closed-loop step of a calibrated run computes it — over the tokens, and over the tokens and

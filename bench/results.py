@@ -46,7 +46,8 @@ refresh it, and the headline marks its figures.
 
 The README's headline table (between ``<!-- results:headline:start -->`` and
 ``<!-- results:headline:end -->``; nothing outside them is touched) holds the figures of
-:data:`HEADLINE`: closed-loop laps of the quality recipe (without and with pedal caution) and of
+:data:`HEADLINE`: closed-loop laps of the quality recipe on the test stage, clean and shifted; of its NSAC
+(without and with pedal caution) and of
 the demo recipe across training seeds, the Lévy quality recipe over five seeds, the front camera
 with pedal caution, the eight-model comparison's clean steering CRPS of NSAC and of the best
 model, the misbehaviour monitor's F3 and the density fallback's prevented failures, and the safety
@@ -96,8 +97,13 @@ class HeadlineRow:
     columns: tuple[str, ...]
 
 
+ENSEMBLE_TEST = "Laps, test stage, training seeds 0, 1, 2: quality (ensemble)"
 HEADLINE = (
-    HeadlineRow("Quality recipe (NSAC), laps per seed 0 / 1 / 2", "quality-recipe", "Hinge recipe, with and without pedal caution",
+    *(HeadlineRow(f"Quality recipe (deep ensemble), tracks 42 and 1000–1009, {condition}", "robust-test", ENSEMBLE_TEST,
+                  condition, ("quality, ensemble",)) for condition in ("clean", "shift-3", "random")),
+    HeadlineRow("… under every shift of the test stage (colour presets and test families), laps pooled per seed", "robust-test", ENSEMBLE_TEST,
+                "**shifted, pooled: laps per seed (mean ± std)**", ("quality, ensemble",)),
+    HeadlineRow("Quality recipe's NSAC (`--model nsac`), laps per seed 0 / 1 / 2", "quality-recipe", "Hinge recipe, with and without pedal caution",
                 "BC, the same config with `early_stopping_patience` 30 (seed 0 re-trained, all 30 epochs; seeds 1 and 2 are "
                 "the runs above)", ("default", "shift-3", "random", "color-v0")),
     HeadlineRow("… the same config with pedal caution 0.5 (before patience 30)", "quality-recipe",
