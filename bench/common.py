@@ -34,11 +34,9 @@ NSACDRIVE = (sys.executable, "-m", "nsacdrive.cli")
 
 def recipe(config_path: Path, model: str | None = None) -> TrainConfig:
     """The training recipe of a JSON config file (``configs/*.json``); its data folder is not read.
-    ``model``: another model under the same recipe, as ``nsacdrive train --config C --model M`` makes it."""
-    settings = json.loads(Path(config_path).read_text())
-    if model is not None:
-        settings["model"] = {**settings.get("model", {}), "model": model}
-    return TrainConfig.from_dict({**settings, "data": "unused"})
+    ``model``: another model under the same recipe (:meth:`TrainConfig.with_model`, as ``sweep --models``)."""
+    config = TrainConfig.from_dict({**json.loads(Path(config_path).read_text()), "data": "unused"})
+    return config if model is None else config.with_model(model)
 
 
 def untrained_run(config: TrainConfig, folder: Path) -> Path:

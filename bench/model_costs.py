@@ -40,21 +40,17 @@ from nsacdrive.eval.driver import ControllerPolicy
 
 @dataclass(frozen=True)
 class Candidate:
-    """A recipe file and the model trained under it."""
+    """A recipe file and its training config, with the model trained under it."""
 
     path: Path
-    model: str | None
+    config: TrainConfig
 
     @classmethod
     def parse(cls, spec: str) -> Candidate:
         path, _, model = spec.partition(":")
         if not Path(path).is_file():
             raise SystemExit(f"{spec}: {path} is not a recipe file (configs/*.json)")
-        return cls(Path(path), model or None)
-
-    @property
-    def config(self) -> TrainConfig:
-        return recipe(self.path, self.model)
+        return cls(Path(path), recipe(Path(path), model or None))
 
     def __str__(self) -> str:
         return f"{self.path}:{self.config.model.model}"
@@ -92,7 +88,6 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         base_train = training_step(base.config, base.config.batch_size, augment=True)
         base_control = control_step(base.config, Path(scratch) / "baseline")
-        base_row = [f"`{base}` (baseline)", f"{parameters(base.config):,}", None, None]
         print(f"one thread; baseline {base}")
         print(f"{'candidate':<40}{'train s/step':>14}{'ratio':>8}{'control ms/step':>17}{'ratio':>8}")
         for index, candidate in enumerate(candidates):
@@ -102,7 +97,6 @@ def main(argv: list[str] | None = None) -> None:
             control_base, control_s, control_ratio = paired_median_ratio(
                 base_control, control_step(config, Path(scratch) / f"candidate-{index}"), args.control_pairs, warmup=5)
             print(f"{str(candidate):<40}{train_s:>14.3f}{train_ratio:>7.2f}×{1e3 * control_s:>17.2f}{control_ratio:>7.2f}×")
-            base_row[2:] = [f"{train_base:.3f} s", f"{1e3 * control_base:.2f} ms"]
             rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
                          f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
     if args.results:
@@ -115,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{args.control_pairs} pairs), each against the baseline's measured beside it. The baseline's row "
                         "gives its own time from the last pair series."),
             "columns": ["recipe:model", "parameters", "training step, ratio", "control step, ratio"],
-            "rows": [base_row, *rows]}, REPO)
+            "rows": [[f"`{base}` (baseline)", f"{parameters(base.config):,}", f"{train_base:.3f} s", f"{1e3 * control_base:.2f} ms"],
+                     *rows]}, REPO)
         render(Layout.of(REPO))
 
 

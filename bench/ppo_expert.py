@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(seeds_row(held_outs, list(curves.values())))
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.ppo_expert", *own]))
-    provenance = current_provenance(commands, [], seeds) | ({"note": args.note} if args.note else {})
+    provenance = current_provenance(commands, [], seeds, note=args.note)
     label = f"training seeds {format_seeds(seeds)}, {args.timesteps // 1000}k decisions"
     held_out = {
         "name": f"State recipe on held-out tracks, {label}",

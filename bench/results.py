@@ -46,13 +46,12 @@ refresh it, and the headline marks its figures.
 
 The README's headline table (between ``<!-- results:headline:start -->`` and
 ``<!-- results:headline:end -->``; nothing outside them is touched) holds the figures of
-:data:`HEADLINE`: closed-loop laps of the quality recipe on the test stage, clean and shifted; of its NSAC
-(without and with pedal caution) and of
-the demo recipe across training seeds, the Lévy quality recipe over five seeds, the front camera
-with pedal caution, the eight-model comparison's clean steering CRPS of NSAC and of the best
-model, the misbehaviour monitor's F3 and the density fallback's prevented failures, and the safety
-protocol's leave-one-family-out F3 and its `stop` fallback. Each row links
-to its study's page, where the provenance is; the headline itself holds none.
+:data:`HEADLINE`: closed-loop laps of the quality recipe on the test stage, clean and shifted; of
+its NSAC (without and with pedal caution) and of the demo recipe across training seeds; the Lévy
+quality recipe over five seeds, the front camera with pedal caution, the eight-model comparison's
+clean steering CRPS of NSAC and of the best model, the misbehaviour monitor's F3 and the density
+fallback's prevented failures, and the safety protocol's leave-one-family-out F3 and its `stop`
+fallback. Each row links to its study's page, where the provenance is; the headline itself holds none.
 """
 
 from __future__ import annotations
@@ -493,9 +492,11 @@ def recorded_arguments(argv: list[str], flags: tuple[str, ...] = ("--written",),
     return kept
 
 
-def current_provenance(commands: list[str], configs: list[str | Path], seeds: list[int | str], root: Path = REPO) -> dict[str, Any]:
+def current_provenance(commands: list[str], configs: list[str | Path], seeds: list[int | str], root: Path = REPO,
+                       note: str | None = None) -> dict[str, Any]:
     """Provenance of a run made now on this machine: git HEAD and dirtiness of ``root``, CPU, cores,
-    GPU, package versions, the sha256 of each config (paths relative to ``root``) and the seeds."""
+    GPU, package versions, the sha256 of each config (paths relative to ``root``), the seeds, and
+    ``note`` when given (what a reader must know of how the runs were made)."""
     versions = current_versions()
     config_sha256 = {}
     for config in configs:
@@ -509,7 +510,7 @@ def current_provenance(commands: list[str], configs: list[str | Path], seeds: li
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu_name()},
             "versions": {key: versions.get(key) for key in VERSION_KEYS},
-            "config_sha256": config_sha256, "seeds": list(seeds)}
+            "config_sha256": config_sha256, "seeds": list(seeds), **({"note": note} if note else {})}
 
 
 def write_results(study: str, title: str, tables: list[dict[str, Any]], provenance: dict[str, Any], root: Path = REPO) -> Path:

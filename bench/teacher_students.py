@@ -65,7 +65,8 @@ RECIPES = {
                                "configs/demo.json", "after the DAgger round"),
     "front": StudentRecipe("Front-camera students", "The front-camera recipe (`configs/front-camera.json`, then the β-NLL "
                            "fine-tune `configs/front-camera-bnll.json` from each seed's run) on each teacher's demonstrations "
-                           "of the Udacity-style camera, driven with `--pedal-caution 0.5`", "_front", ("--env", "udacity-style", "--side-offset", "2"),
+                           "of the Udacity-style camera, driven with `--pedal-caution 0.5`", "_front",
+                           ("--env", "udacity-style", "--side-offset", "2"),
                            (("0-59", ()), ("0-59", ("--noise", "0.2"))), "configs/front-camera.json",
                            "after the β-NLL fine-tune", fine_tune="configs/front-camera-bnll.json",
                            drive_options=("--pedal-caution", "0.5")),
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "caption": f"{recipe.description}; laps per training seed on tracks {STAGE_TRACKS[args.stage]}.",
         "columns": ["teacher", "student", *PRESETS],
         "rows": rows,
-        "provenance": current_provenance(commands, configs, seeds) | ({"note": args.note} if args.note else {}),
+        "provenance": current_provenance(commands, configs, seeds, note=args.note),
     }
     path = put_table("ppo-expert", table, REPO)
     render(Layout.of(REPO))

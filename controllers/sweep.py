@@ -46,7 +46,7 @@ def seed_sweep(config: TrainConfig, seeds: Sequence[int], models: Sequence[str] 
     once here (an ``auto`` split reads the dataset) so every training uses the same tracks."""
     config = resolve_split(config)
     names = list(models) if models else [config.model.model]
-    return [(dataclasses.replace(config, seed=seed, model=dataclasses.replace(config.model, model=name)), out / f"{name}-s{seed}")
+    return [(dataclasses.replace(config.with_model(name), seed=seed), out / f"{name}-s{seed}")
             for name in names for seed in seeds]
 
 

@@ -107,6 +107,10 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def with_model(self, name: str) -> TrainConfig:
+        """This recipe with the model ``name`` (the other model fields kept), as ``sweep --models`` trains it."""
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, model=name))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         return config_from_dict(cls, data, "training config")
