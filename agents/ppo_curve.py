@@ -101,6 +101,11 @@ def new_curve_recorder(folder: str | Path, save_best: Callable[[], None]) -> Any
             self.points = read_curve(self.folder)
             self.start = time.monotonic() - (self.points[-1].seconds if self.points else 0.0)
 
+        def _init_callback(self) -> None:
+            if getattr(self.parent, "log_path", None) is None:
+                raise ValueError("the learning-curve recorder needs EvalCallback(log_path=...): without it the "
+                                 "evaluation keeps no per-episode scores or successes")
+
         def _on_step(self) -> bool:
             evaluation = self.parent
             scores = np.asarray(evaluation.evaluations_results[-1], dtype=float)

@@ -30,7 +30,7 @@ from nsacdrive.agents.ppo import (
     vec_envs,
 )
 from nsacdrive.agents.ppo_config import PPOConfig
-from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, read_curve
+from nsacdrive.agents.ppo_curve import CURVE_FIGURE, CURVE_FILE, best_point, new_curve_recorder, read_curve
 from nsacdrive.agents.ppo_envs import (
     ActionChangePenalty,
     ActionNoise,
@@ -310,6 +310,18 @@ def test_resumed_training_extends_the_curve_and_keeps_a_better_best(trained, tmp
     assert points[2].seconds >= earlier[-1].seconds  # the clock goes on from where the first session stopped
     kept = json.loads((folder / "best" / POLICY_FILE).read_text())["weights_sha256"] == best_sha
     assert kept == (best_point(points) is not points[2])  # replaced only by a better evaluation
+
+
+@pytest.mark.parametrize("log_path", [None, "eval"])
+def test_the_curve_recorder_refuses_an_evaluation_that_keeps_no_per_episode_results(tmp_path, log_path):
+    recorder = new_curve_recorder(tmp_path, save_best=lambda: None)
+    recorder.parent = SimpleNamespace(log_path=log_path)
+    model = SimpleNamespace(get_env=lambda: None, logger=None)
+    if log_path is None:
+        with pytest.raises(ValueError, match="needs EvalCallback\\(log_path=...\\)"):
+            recorder.init_callback(model)
+    else:
+        recorder.init_callback(model)
 
 
 def test_a_damaged_curve_gives_a_clear_error(tmp_path):
