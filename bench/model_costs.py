@@ -13,6 +13,10 @@ Each argument is a recipe, optionally ``:MODEL`` for another model under the sam
   the newest frame encoded, the cached tokens of the older ones gathered, the head's prediction
   with the model's own number of draws; untrained weights, which cost what trained ones do.
 
+The whole recipe's training is the step's ratio times the ratio of the recipes' optimiser steps
+(``epochs × max_batches_per_epoch``; early stopping can only shorten it); a recipe without a batch
+limit per epoch has no such count, and its cell reads "–".
+
 Candidate and baseline steps alternate pair by pair, so a load spike hits both sides of a pair;
 each ratio is the median of the per-pair ratios. ``--results`` also puts the table, with this
 machine's provenance, into ``results/benchmarks.json``.
@@ -68,6 +72,17 @@ def control_step(config: TrainConfig, folder: Path) -> Callable[[], None]:
     return step
 
 
+def optimiser_steps(config: TrainConfig) -> int | None:
+    """The most optimiser steps the recipe trains for; None without a batch limit per epoch."""
+    return config.epochs * config.max_batches_per_epoch if config.max_batches_per_epoch else None
+
+
+def recipe_ratio(step_ratio: float, config: TrainConfig, baseline: TrainConfig) -> float | None:
+    """The whole recipe's training against the baseline's: the step's ratio times the steps' ratio."""
+    steps, base_steps = optimiser_steps(config), optimiser_steps(baseline)
+    return step_ratio * steps / base_steps if steps and base_steps else None
+
+
 def parameters(config: TrainConfig) -> int:
     return sum(p.numel() for p in build_controller(config.model).parameters())
 
@@ -89,16 +104,19 @@ def main(argv: list[str] | None = None) -> None:
         base_train = training_step(base.config, base.config.batch_size, augment=True)
         base_control = control_step(base.config, Path(scratch) / "baseline")
         print(f"one thread; baseline {base}")
-        print(f"{'candidate':<40}{'train s/step':>14}{'ratio':>8}{'control ms/step':>17}{'ratio':>8}")
+        print(f"{'candidate':<40}{'train s/step':>14}{'ratio':>8}{'recipe':>8}{'control ms/step':>17}{'ratio':>8}")
         for index, candidate in enumerate(candidates):
             config = candidate.config
             train_base, train_s, train_ratio = paired_median_ratio(base_train, training_step(config, config.batch_size, augment=True),
                                                                    args.pairs)
             control_base, control_s, control_ratio = paired_median_ratio(
                 base_control, control_step(config, Path(scratch) / f"candidate-{index}"), args.control_pairs, warmup=5)
-            print(f"{str(candidate):<40}{train_s:>14.3f}{train_ratio:>7.2f}×{1e3 * control_s:>17.2f}{control_ratio:>7.2f}×")
+            whole = recipe_ratio(train_ratio, config, base.config)
+            whole_cell = "–" if whole is None else f"×{whole:.2f}"
+            print(f"{str(candidate):<40}{train_s:>14.3f}{train_ratio:>7.2f}×{whole_cell:>8}{1e3 * control_s:>17.2f}"
+                  f"{control_ratio:>7.2f}×")
             rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
-                         f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
+                         f"{optimiser_steps(config) or '–'}, {whole_cell}", f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
     if args.results:
         command = shlex.join(["python", "-m", "bench.model_costs", *(sys.argv[1:] if argv is None else argv)])
         provenance = current_provenance([command], sorted({str(c.path) for c in (base, *candidates)}), [])
@@ -106,10 +124,13 @@ def main(argv: list[str] | None = None) -> None:
             "name": "What each model costs under one recipe", "provenance": provenance,
             "caption": (f"`bench.model_costs`: one thread; a training step at the recipe's batch size (median of {args.pairs} "
                         f"alternated pairs) and one closed-loop control step with the model's own draws (median of "
-                        f"{args.control_pairs} pairs), each against the baseline's measured beside it. The baseline's row "
-                        "gives its own time from the last pair series."),
-            "columns": ["recipe:model", "parameters", "training step, ratio", "control step, ratio"],
-            "rows": [[f"`{base}` (baseline)", f"{parameters(base.config):,}", f"{train_base:.3f} s", f"{1e3 * control_base:.2f} ms"],
+                        f"{args.control_pairs} pairs), each against the baseline's measured beside it. The whole recipe's "
+                        "training is the step's ratio times the ratio of optimiser steps (epochs × batches per epoch). The "
+                        "baseline's row gives its own time from the last pair series."),
+            "columns": ["recipe:model", "parameters", "training step, ratio", "optimiser steps, whole recipe's ratio",
+                        "control step, ratio"],
+            "rows": [[f"`{base}` (baseline)", f"{parameters(base.config):,}", f"{train_base:.3f} s",
+                      f"{optimiser_steps(base.config) or '–'}", f"{1e3 * control_base:.2f} ms"],
                      *rows]}, REPO)
         render(Layout.of(REPO))
 
