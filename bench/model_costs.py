@@ -15,7 +15,9 @@ Each argument is a recipe, optionally ``:MODEL`` for another model under the sam
 
 The whole recipe's training is the step's ratio times the ratio of the recipes' optimiser steps
 (``epochs × max_batches_per_epoch``; early stopping can only shorten it); a recipe without a batch
-limit per epoch has no such count, and its cell reads "–".
+limit per epoch has no such count, and its cell reads "–". ``--whole-data DATA`` also times whole
+``nsacdrive train --epochs N`` processes on every core (start-up, data loading and validation
+included), each recipe for the same share of its epochs, baseline and candidate alternated.
 
 Candidate and baseline steps alternate pair by pair, so a load spike hits both sides of a pair;
 each ratio is the median of the per-pair ratios. ``--results`` also puts the table, with this
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -35,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import paired_median_ratio, recipe, training_step, untrained_run
+from bench.common import NSACDRIVE, paired_median_ratio, recipe, training_step, untrained_run
 from bench.results import REPO, Layout, current_provenance, put_table, render
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
@@ -83,6 +87,30 @@ def recipe_ratio(step_ratio: float, config: TrainConfig, baseline: TrainConfig) 
     return step_ratio * steps / base_steps if steps and base_steps else None
 
 
+def whole_epochs(config: TrainConfig, share: float) -> int:
+    """The epochs a whole training runs for ``share`` of the recipe's (at least one)."""
+    return max(1, round(share * config.epochs))
+
+
+def whole_training(candidate: Candidate, data: str, share: float, folder: Path) -> Callable[[], None]:
+    """A whole ``nsacdrive train`` process of ``candidate`` for ``share`` of its recipe's epochs, into
+    a fresh ``folder`` each time."""
+    command = [*NSACDRIVE, "train", "--config", str(candidate.path), "--model", candidate.config.model.model,
+               "--data", data, "--epochs", str(whole_epochs(candidate.config, share)), "--out", str(folder)]
+
+    def train() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+    return train
+
+
+def epochs_scale(config: TrainConfig, baseline: TrainConfig, share: float) -> float:
+    """What turns the ratio of two whole trainings into the ratio of the whole recipes, when rounding
+    to whole epochs gave them different shares of their recipes."""
+    return (config.epochs / whole_epochs(config, share)) / (baseline.epochs / whole_epochs(baseline, share))
+
+
 def parameters(config: TrainConfig) -> int:
     return sum(p.numel() for p in build_controller(config.model).parameters())
 
@@ -92,11 +120,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("recipes", nargs="+", help="RECIPE[:MODEL]; the first is the baseline")
     parser.add_argument("--pairs", type=int, default=15, help="alternated pairs of training steps per candidate")
     parser.add_argument("--control-pairs", type=int, default=200, help="alternated pairs of control steps per candidate")
+    parser.add_argument("--whole-data", metavar="DATA",
+                        help="also time whole `nsacdrive train` processes on this dataset, on every core")
+    parser.add_argument("--whole-share", type=float, default=1 / 15,
+                        help="the share of each recipe's epochs a whole training runs (1/15: 2 of 30)")
+    parser.add_argument("--whole-pairs", type=int, default=3, help="alternated pairs of whole trainings per candidate")
     parser.add_argument("--results", action="store_true",
                         help="also put the table, with this machine's provenance, into results/benchmarks.json")
     args = parser.parse_args(argv)
     if len(args.recipes) < 2:
         parser.error("give a baseline and at least one candidate")
+    if not 0 < args.whole_share <= 1:
+        parser.error(f"--whole-share must be in (0, 1], got {args.whole_share}")
     base, *candidates = [Candidate.parse(spec) for spec in args.recipes]
     torch.set_num_threads(1)
     rows = []
@@ -104,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         base_train = training_step(base.config, base.config.batch_size, augment=True)
         base_control = control_step(base.config, Path(scratch) / "baseline")
         print(f"one thread; baseline {base}")
-        print(f"{'candidate':<40}{'train s/step':>14}{'ratio':>8}{'recipe':>8}{'control ms/step':>17}{'ratio':>8}")
+        width = max(len("candidate"), *(len(str(c)) for c in candidates)) + 2
+        print(f"{'candidate':<{width}}{'train s/step':>14}{'ratio':>8}{'recipe':>8}{'control ms/step':>17}{'ratio':>8}")
         for index, candidate in enumerate(candidates):
             config = candidate.config
             train_base, train_s, train_ratio = paired_median_ratio(base_train, training_step(config, config.batch_size, augment=True),
@@ -113,10 +149,19 @@ def main(argv: list[str] | None = None) -> None:
                 base_control, control_step(config, Path(scratch) / f"candidate-{index}"), args.control_pairs, warmup=5)
             whole = recipe_ratio(train_ratio, config, base.config)
             whole_cell = "–" if whole is None else f"×{whole:.2f}"
-            print(f"{str(candidate):<40}{train_s:>14.3f}{train_ratio:>7.2f}×{whole_cell:>8}{1e3 * control_s:>17.2f}"
+            print(f"{str(candidate):<{width}}{train_s:>14.3f}{train_ratio:>7.2f}×{whole_cell:>8}{1e3 * control_s:>17.2f}"
                   f"{control_ratio:>7.2f}×")
             rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
                          f"{optimiser_steps(config) or '–'}, {whole_cell}", f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
+            if args.whole_data:
+                whole_base, whole_s, whole_ratio = paired_median_ratio(
+                    whole_training(base, args.whole_data, args.whole_share, Path(scratch) / "whole-baseline"),
+                    whole_training(candidate, args.whole_data, args.whole_share, Path(scratch) / f"whole-{index}"),
+                    args.whole_pairs, warmup=0)
+                recipe_whole = whole_ratio * epochs_scale(config, base.config, args.whole_share)
+                print(f"{'':<{width}}whole trainings: {whole_s:.1f} s against {whole_base:.1f} s, ×{whole_ratio:.2f}; "
+                      f"the whole recipe ×{recipe_whole:.2f}")
+                rows[-1].append(f"{whole_s:.1f} s, ×{whole_ratio:.2f}; recipe ×{recipe_whole:.2f}")
     if args.results:
         command = shlex.join(["python", "-m", "bench.model_costs", *(sys.argv[1:] if argv is None else argv)])
         provenance = current_provenance([command], sorted({str(c.path) for c in (base, *candidates)}), [])
@@ -126,11 +171,16 @@ def main(argv: list[str] | None = None) -> None:
                         f"alternated pairs) and one closed-loop control step with the model's own draws (median of "
                         f"{args.control_pairs} pairs), each against the baseline's measured beside it. The whole recipe's "
                         "training is the step's ratio times the ratio of optimiser steps (epochs × batches per epoch). The "
-                        "baseline's row gives its own time from the last pair series."),
+                        "baseline's row gives its own time from the last pair series."
+                        + (f" Whole trainings: `nsacdrive train` processes on `{args.whole_data}` for {args.whole_share:.3g} of "
+                           f"each recipe's epochs (rounded, at least one) on every core, median of {args.whole_pairs} alternated "
+                           "pairs; the whole recipe's ratio scales it back to the recipes' full epochs."
+                           if args.whole_data else "")),
             "columns": ["recipe:model", "parameters", "training step, ratio", "optimiser steps, whole recipe's ratio",
-                        "control step, ratio"],
+                        "control step, ratio", *(["whole training, ratio; the whole recipe's"] if args.whole_data else [])],
             "rows": [[f"`{base}` (baseline)", f"{parameters(base.config):,}", f"{train_base:.3f} s",
-                      f"{optimiser_steps(base.config) or '–'}", f"{1e3 * control_base:.2f} ms"],
+                      f"{optimiser_steps(base.config) or '–'}", f"{1e3 * control_base:.2f} ms",
+                      *([f"{whole_base:.1f} s"] if args.whole_data else [])],
                      *rows]}, REPO)
         render(Layout.of(REPO))
 
