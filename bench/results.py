@@ -98,7 +98,7 @@ class HeadlineRow:
 
 ENSEMBLE_TEST = "Laps, test stage, training seeds 0, 1, 2: quality (ensemble)"
 HEADLINE = (
-    *(HeadlineRow(f"Quality recipe (deep ensemble), tracks 42 and 1000–1009, {condition}", "robust-test", ENSEMBLE_TEST,
+    *(HeadlineRow(f"Quality recipe (deep ensemble of four), tracks 42 and 1000–1009, {condition}", "robust-test", ENSEMBLE_TEST,
                   condition, ("quality, ensemble",)) for condition in ("clean", "shift-3", "random")),
     HeadlineRow("… under every shift of the test stage (colour presets and test families), laps pooled per seed", "robust-test", ENSEMBLE_TEST,
                 "**shifted, pooled: laps per seed (mean ± std)**", ("quality, ensemble",)),
