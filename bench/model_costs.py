@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"{args.control_pairs} pairs), each against the baseline's measured beside it. The whole recipe's "
                         "training is the step's ratio times the ratio of optimiser steps (epochs × batches per epoch). The "
                         "baseline's row gives its own time from the last pair series."
-                        + (f" Whole trainings: `nsacdrive train` processes on `{args.whole_data}` for {args.whole_share:.3g} of "
-                           f"each recipe's epochs (rounded, at least one) on every core, median of {args.whole_pairs} alternated "
+                        + (f" Whole trainings: `nsacdrive train` processes on `{args.whole_data}` on every core, for "
+                           f"{whole_epochs(base.config, args.whole_share)} of the baseline's {base.config.epochs} epochs and "
+                           f"the same share of each recipe's (rounded, at least one), median of {args.whole_pairs} alternated "
                            "pairs; the whole recipe's ratio scales it back to the recipes' full epochs."
                            if args.whole_data else "")),
             "columns": ["recipe:model", "parameters", "training step, ratio", "optimiser steps, whole recipe's ratio",
