@@ -53,3 +53,17 @@ def test_whole_trainings_that_round_to_other_shares_are_scaled_back_to_the_recip
     shorter = dataclasses.replace(base, epochs=25)  # 1.67 rounds to 2: a larger share of its recipe
     assert epochs_scale(base, base, 1 / 15) == 1
     assert epochs_scale(shorter, base, 1 / 15) == pytest.approx((25 / 2) / (30 / 2))
+
+
+def test_the_bench_prints_whole_trainings_scaled_to_the_recipes(capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr("bench.model_costs.subprocess.run", lambda command, **kwargs: calls.append(command))
+    main(["configs/quality.json:nsac", "configs/quality.json:gmle", "--pairs", "1", "--control-pairs", "1",
+          "--whole-data", "data/quality", "--whole-pairs", "1"])
+    assert "whole trainings:" in capsys.readouterr().out.splitlines()[-1]
+    assert [command[command.index("--model") + 1] for command in calls] == ["nsac", "gmle"]
+
+
+def test_a_share_of_no_epochs_is_refused():
+    with pytest.raises(SystemExit):
+        main(["configs/quality.json:nsac", "configs/quality.json:gmle", "--whole-share", "0"])
