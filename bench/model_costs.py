@@ -147,12 +147,11 @@ def main(argv: list[str] | None = None) -> None:
                                                                    args.pairs)
             control_base, control_s, control_ratio = paired_median_ratio(
                 base_control, control_step(config, Path(scratch) / f"candidate-{index}"), args.control_pairs, warmup=5)
-            whole = recipe_ratio(train_ratio, config, base.config)
-            whole_cell = "–" if whole is None else f"×{whole:.2f}"
-            print(f"{str(candidate):<{width}}{train_s:>14.3f}{train_ratio:>7.2f}×{whole_cell:>8}{1e3 * control_s:>17.2f}"
+            from_steps = recipe_ratio(train_ratio, config, base.config)
+            steps_cell = "–" if from_steps is None else f"×{from_steps:.2f}"
+            print(f"{str(candidate):<{width}}{train_s:>14.3f}{train_ratio:>7.2f}×{steps_cell:>8}{1e3 * control_s:>17.2f}"
                   f"{control_ratio:>7.2f}×")
-            rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
-                         f"{optimiser_steps(config) or '–'}, {whole_cell}", f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}"])
+            whole_cells = []
             if args.whole_data:
                 whole_base, whole_s, whole_ratio = paired_median_ratio(
                     whole_training(base, args.whole_data, args.whole_share, Path(scratch) / "whole-baseline"),
@@ -161,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
                 recipe_whole = whole_ratio * epochs_scale(config, base.config, args.whole_share)
                 print(f"{'':<{width}}whole trainings: {whole_s:.1f} s against {whole_base:.1f} s, ×{whole_ratio:.2f}; "
                       f"the whole recipe ×{recipe_whole:.2f}")
-                rows[-1].append(f"{whole_s:.1f} s, ×{whole_ratio:.2f}; recipe ×{recipe_whole:.2f}")
+                whole_cells.append(f"{whole_s:.1f} s, ×{whole_ratio:.2f}; recipe ×{recipe_whole:.2f}")
+            rows.append([f"`{candidate}`", f"{parameters(config):,}", f"{train_s:.3f} s, ×{train_ratio:.2f}",
+                         f"{optimiser_steps(config) or '–'}, {steps_cell}", f"{1e3 * control_s:.2f} ms, ×{control_ratio:.2f}",
+                         *whole_cells])
     if args.results:
         command = shlex.join(["python", "-m", "bench.model_costs", *(sys.argv[1:] if argv is None else argv)])
         provenance = current_provenance([command], sorted({str(c.path) for c in (base, *candidates)}), [])
