@@ -2,6 +2,12 @@
 then mean ± std over the seeds, per run recipe, condition and action setting.
 
     python -m bench.seed_table EVAL_DIR... [--tracks 42,1000-1009]
+    python -m bench.seed_table EVAL_DIR... --results STUDY --table NAME --caption TEXT \
+        --config configs/quality.json --command "nsacdrive eval ..." [--command ...] [--title TITLE]
+
+With ``--results`` the table is also written into ``results/<STUDY>.json`` (replacing the table of
+that name) with the provenance of this checkout and machine: the ``--command`` lines that made the
+evaluations, then this command; the ``--config`` files' hashes; the training seeds of its rows.
 
 Runs are matched across seeds by their path: the first ``-sN`` in a run's path names its training
 seed and the rest of the path its recipe (``runs/ql/levy-s0`` and ``runs/ql/levy-s1`` are seeds 0
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.results import REPO, ResultsError, current_provenance, put_table, recorded_arguments
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.eval.results import EvaluationError, describe_action_settings, load_aggregates, load_records
@@ -93,23 +102,49 @@ def spread(values: tuple[float, ...] | list[float], digits: int, scale: float = 
     return text if len(finite) < 2 else f"{text} ± {finite.std(ddof=1):.{digits}f}"
 
 
+COLUMNS = ("run", "condition", "actions", "seeds", "laps per seed (%)", "laps mean ± std (%)", "score", "|lat| (laps)",
+           "episodes")
+
+
+def table_cells(row: Row) -> list[str]:
+    """One row's cells, in the order of :data:`COLUMNS`."""
+    return [row.recipe, row.condition, row.actions, ", ".join(row.seeds), " / ".join(f"{100 * lap:.0f}" for lap in row.laps),
+            spread(row.laps, 0, 100), spread(row.scores, 1), spread(row.lateral, 2), " / ".join(map(str, row.episodes))]
+
+
 def format_table(rows: list[Row]) -> str:
     """A markdown table: laps per seed (mean ± std), mean score and |lat| on finished laps."""
-    lines = ["| run | condition | actions | seeds | laps per seed (%) | laps mean ± std (%) | score | \\|lat\\| (laps) | episodes |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        per_seed = " / ".join(f"{100 * lap:.0f}" for lap in row.laps)
-        lines.append(f"| {row.recipe} | {row.condition} | {row.actions} | {', '.join(row.seeds)} | {per_seed} | "
-                     f"{spread(row.laps, 0, 100)} | {spread(row.scores, 1)} | {spread(row.lateral, 2)} | "
-                     f"{' / '.join(map(str, row.episodes))} |")
+    header = "| " + " | ".join(column.replace("|", "\\|") for column in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def main() -> None:
+def results_table(rows: list[Row], name: str, caption: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The rows as a table of a results file (:mod:`bench.results`)."""
+    return {"name": name, "caption": caption, "columns": list(COLUMNS), "rows": [table_cells(row) for row in rows],
+            "provenance": provenance}
+
+
+def training_seeds(rows: list[Row]) -> list[int | str]:
+    """The training seeds the rows hold, numbers first, in order."""
+    seeds = {seed for row in rows for seed in row.seeds}
+    return sorted((int(s) if s.isdigit() else s for s in seeds), key=lambda s: (isinstance(s, str), str(s).zfill(9)))
+
+
+def main(argv: list[str] | None = None, root: Path = REPO) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("eval_dirs", nargs="+", type=Path, metavar="EVAL_DIR", help="folders written by `nsacdrive eval`")
     parser.add_argument("--tracks", help="keep these track seeds only, e.g. 42,1000-1009")
-    args = parser.parse_args()
+    parser.add_argument("--results", metavar="STUDY", help="also write the table into results/STUDY.json")
+    parser.add_argument("--title", help="the study's title, should results/STUDY.json not exist yet")
+    parser.add_argument("--table", help="the table's name in that file (with --results)")
+    parser.add_argument("--caption", default="", help="what the rows are (with --results; Markdown)")
+    parser.add_argument("--config", action="append", default=[], help="a recipe config the runs were trained with (repeatable)")
+    parser.add_argument("--command", action="append", default=[], help="a command that made the evaluations (repeatable)")
+    args = parser.parse_args(argv)
+    if args.results is not None and not args.table:
+        parser.error("--results needs --table, the name of the table to write")
     try:
         tracks = None if args.tracks is None else set(parse_seeds(args.tracks, "--tracks"))
         rows = collect_rows(args.eval_dirs, tracks)
@@ -118,6 +153,15 @@ def main() -> None:
     if not rows:
         parser.error("no episodes matched (check --tracks)")
     print(format_table(rows))
+    if args.results is not None:
+        command = "python -m bench.seed_table " + shlex.join(recorded_arguments(
+            sys.argv[1:] if argv is None else argv, flags=(), options=("--command",)))
+        try:
+            provenance = current_provenance([*args.command, command], args.config, training_seeds(rows), root)
+            path = put_table(args.results, results_table(rows, args.table, args.caption, provenance), root, args.title)
+        except ResultsError as exc:
+            parser.error(str(exc))
+        print(f"wrote the table {args.table!r} into {path}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.seed_table import collect_rows, format_table, recipe_and_seed
+from bench.seed_table import COLUMNS, collect_rows, format_table, main, recipe_and_seed
 
 
 def episode(run: str, track: int, lap: bool, score: float, lateral: float = 1.5, preset: str = "default") -> dict:
@@ -59,3 +59,26 @@ def test_a_folder_without_episodes_is_named_in_the_error(tmp_path):
     (tmp_path / "e" / "aggregates.json").write_text("{}")
     with pytest.raises(ValueError, match="no episode records"):
         collect_rows([tmp_path / "e"])
+
+
+def test_results_writes_the_table_with_its_commands_configs_and_seeds(tmp_path, capsys):
+    write_eval(tmp_path / "e", [episode("runs/a-s0", 42, True, 920.0), episode("runs/a-s2", 42, False, 300.0)])
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "r.json").write_text("{}")
+    (tmp_path / "results").mkdir()
+    main([str(tmp_path / "e"), "--results", "study", "--title", "A study", "--table", "Laps", "--caption", "Two seeds.", "--config", "configs/r.json",
+          "--command", "nsacdrive eval runs/a-s0 runs/a-s2 --seeds 42"], root=tmp_path)
+    (table,) = json.loads((tmp_path / "results" / "study.json").read_text())["tables"]
+    assert (table["name"], table["caption"], table["columns"]) == ("Laps", "Two seeds.", list(COLUMNS))
+    assert table["rows"] == [["runs/a", "default", "no throttle cap", "0, 2", "100 / 0", "50 ± 71", "610.0 ± 438.4", "1.50", "1 / 1"]]
+    provenance = table["provenance"]
+    assert provenance["command"][0] == "nsacdrive eval runs/a-s0 runs/a-s2 --seeds 42"
+    assert provenance["command"][1].startswith("python -m bench.seed_table ") and "--command" not in provenance["command"][1]
+    assert provenance["seeds"] == [0, 2] and list(provenance["config_sha256"]) == ["configs/r.json"]
+    assert "wrote the table 'Laps'" in capsys.readouterr().out
+
+
+def test_results_without_a_table_name_is_refused(tmp_path):
+    write_eval(tmp_path / "e", [episode("runs/a-s0", 42, True, 920.0)])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "e"), "--results", "study"], root=tmp_path)
