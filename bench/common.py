@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import sys
 import threading
@@ -30,6 +31,13 @@ from nsacdrive.envs.observation_kinds import observation_kind
 
 #: ``nsacdrive`` as a command line run by this interpreter (the benches' subprocesses)
 NSACDRIVE = (sys.executable, "-m", "nsacdrive.cli")
+#: the ``nsacdrive`` entry point beside this interpreter, for steps a study records as it runs them
+NSACDRIVE_SCRIPT = str(Path(sys.executable).with_name("nsacdrive"))
+
+
+def as_recorded(command: list[str]) -> str:
+    """A step run through :data:`NSACDRIVE_SCRIPT` as a results file records it: ``nsacdrive …``, shell-quoted."""
+    return shlex.join(["nsacdrive", *command[1:]])
 
 
 def recipe(config_path: Path, model: str | None = None) -> TrainConfig:

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.ppo_commands import as_recorded, ppo_commands
+from bench.common import as_recorded
+from bench.ppo_commands import ppo_commands
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.seed_table import spread
 from bench.teacher_smoothness import CONDITIONS, LABEL_TRACKS, record, smoothness

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import print_table, save_results
-from bench.ppo_commands import as_recorded, ppo_commands
+from bench.common import as_recorded, print_table, save_results
+from bench.ppo_commands import ppo_commands
 from nsacdrive.agents.ppo_config import PPOConfig
 from nsacdrive.agents.ppo_curve import best_point, read_curve
 

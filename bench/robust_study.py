@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import NSACDRIVE_SCRIPT, as_recorded
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 from nsacdrive.eval.protocol_config import ProtocolConfig
 
-NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 CLEAN = "clean"
 STAGES = {
     "development": {"tracks": "1010-1020", "presets": (), "scored": ()},
@@ -136,16 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     for recipe in args.recipes:
         folder = args.out / recipe.stem
         outs = {(model, part): eval_folder(folder, args.stage, model, seeds, part) for model in models for part in evals}
-        steps = [[NSACDRIVE, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
+        steps = [[NSACDRIVE_SCRIPT, "sweep", "--config", str(recipe), "--data", args.data, "--seeds", args.seeds, "--models", args.models,
                   "--workers", str(args.workers), "--out", str(folder)]]
         for (model, part), out in outs.items():
             runs = [str(folder / f"{model}-s{seed}") for seed in seeds]
-            steps.append([NSACDRIVE, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *evals[part], "--workers", str(args.workers),
+            steps.append([NSACDRIVE_SCRIPT, "eval", *runs, "--seeds", STAGES[args.stage]["tracks"], *evals[part], "--workers", str(args.workers),
                           "--out", str(out), "--resume"])
         for step in steps:
             if not args.written:
                 subprocess.run(step, check=True)
-            commands.append(shlex.join(["nsacdrive", *step[1:]]))
+            commands.append(as_recorded(step))
         laps[str(recipe)] = read_laps(outs.values())
     own = recorded_arguments(sys.argv[1:] if argv is None else argv)
     commands.append(shlex.join(["python", "-m", "bench.robust_study", *own]))

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import NSACDRIVE_SCRIPT, as_recorded
 from bench.results import REPO, Layout, current_provenance, recorded_arguments, render, write_results
 
-NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 WINDOWS = ("1", "3")
 
 
@@ -208,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds: {len(seeds)} seeds for {len(args.runs)} runs")
     commands, results = list(args.made_with), []
     for run, seed in zip(args.runs, seeds):
-        command = [NSACDRIVE, "protocol", str(run), "--out", str(args.out / f"s{seed}"), "--resume", *extra]
+        command = [NSACDRIVE_SCRIPT, "protocol", str(run), "--out", str(args.out / f"s{seed}"), "--resume", *extra]
         if not args.written:
             subprocess.run(command, check=True)
-        commands.append(shlex.join(["nsacdrive", *command[1:]]))
+        commands.append(as_recorded(command))
         results.append(json.loads((args.out / f"s{seed}" / "protocol.json").read_text()))
     own = recorded_arguments(argv, options=("--made-with",))
     commands.append(shlex.join(["python", "-m", "bench.safety_protocol", *own,

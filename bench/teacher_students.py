@@ -30,11 +30,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import NSACDRIVE_SCRIPT, as_recorded
 from bench.results import REPO, Layout, current_provenance, put_table, recorded_arguments, render
 from bench.seed_table import Row, collect_rows, recipe_and_seed, spread
 from nsacdrive.common.seeds import format_seeds, parse_seeds
 
-NSACDRIVE = str(Path(sys.executable).with_name("nsacdrive"))
 #: the tracks students drive: ``development`` to compare teachers and recipes, ``protocol`` (held out) to report
 STAGE_TRACKS = {"development": "3000-3010", "protocol": "42,1000-1009"}
 PRESETS = ("default", "shift-3")
@@ -107,19 +107,19 @@ def laps_cell(rows: list[Row], run: Path, preset: str, seeds: list[int]) -> str:
 def commands_for(teacher: str, recipe: StudentRecipe, data: Path, folder: Path, seeds: list[int], workers: int,
                  stage: str = "protocol") -> list[list[str]]:
     """Every step of one teacher's students, in order, driven on ``stage``'s tracks."""
-    steps = [[NSACDRIVE, "collect", *recipe.collect_options, "--agent", teacher, "--seeds", tracks, *extra, "--out", str(data),
+    steps = [[NSACDRIVE_SCRIPT, "collect", *recipe.collect_options, "--agent", teacher, "--seeds", tracks, *extra, "--out", str(data),
               "--workers", str(workers), "--resume"] for tracks, extra in recipe.demonstrations]
-    steps.append([NSACDRIVE, "sweep", "--config", recipe.config, "--data", str(data), "--seeds", format_seeds(seeds),
+    steps.append([NSACDRIVE_SCRIPT, "sweep", "--config", recipe.config, "--data", str(data), "--seeds", format_seeds(seeds),
                   "--models", "nsac", "--workers", str(workers), "--out", str(folder)])
     for seed, init in zip(seeds, student_runs(folder, recipe, seeds)["bc"], strict=True):
         out = str(second_stage_folder(folder, recipe, seed))
         if recipe.fine_tune is None:
-            steps.append([NSACDRIVE, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers), "--out", out])
+            steps.append([NSACDRIVE_SCRIPT, "dagger", "--init", str(init), *DAGGER, "--expert", teacher, "--workers", str(workers), "--out", out])
         else:
-            steps.append([NSACDRIVE, "train", "--config", recipe.fine_tune, "--data", str(data), "--init-from", str(init),
+            steps.append([NSACDRIVE_SCRIPT, "train", "--config", recipe.fine_tune, "--data", str(data), "--init-from", str(init),
                           "--seed", str(seed), "--out", out, "--resume"])
     for runs_driven, out in eval_groups(folder, recipe, seeds, stage):
-        steps.append([NSACDRIVE, "eval", *map(str, runs_driven), "--seeds", STAGE_TRACKS[stage], "--colour-preset", ",".join(PRESETS),
+        steps.append([NSACDRIVE_SCRIPT, "eval", *map(str, runs_driven), "--seeds", STAGE_TRACKS[stage], "--colour-preset", ",".join(PRESETS),
                       *recipe.drive_options, "--workers", str(workers), "--out", str(out), "--resume"])
     return steps
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in commands_for(teacher, recipe, args.data / name, folder, seeds, args.workers, args.stage):
             if not args.written:
                 subprocess.run(step, check=True)
-            commands.append(shlex.join(["nsacdrive", *step[1:]]))
+            commands.append(as_recorded(step))
         driven = collect_rows([out for _, out in eval_groups(folder, recipe, seeds, args.stage)])
         runs = student_runs(folder, recipe, seeds)
         for stage, key in (("behaviour cloning", "bc"), (recipe.second_stage, "second")):
