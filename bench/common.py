@@ -25,7 +25,7 @@ from nsacdrive.controllers.ood_proxies import make_perturbation
 from nsacdrive.controllers.precision import set_encoder_precision
 from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.train_config import TrainConfig
-from nsacdrive.controllers.training import augment_batch
+from nsacdrive.controllers.training import augment_batch, batch_loss
 from nsacdrive.data_collection.dataset import network_frames, sequence_timestamps
 from nsacdrive.envs.observation_kinds import observation_kind
 
@@ -85,12 +85,11 @@ def training_step(config: TrainConfig, batch: int, device: torch.device | str = 
     generator = torch.Generator().manual_seed(2)
 
     def step() -> None:
-        inputs, labels, anchor = network_frames(frames.to(device, non_blocking=True), kind), target, None
+        inputs, step_speed = network_frames(frames.to(device, non_blocking=True), kind), speed if config.model.speed_input else None
         if augment:
-            augmented, anchor = augment_batch(inputs, target, config, generator)
-            inputs, labels = augmented.frames, augmented.target
-        loss = model.training_loss(inputs, times, labels, perturb=perturb, speed=speed if config.model.speed_input else None,
-                                   anchor=anchor)["total"]
+            loss = batch_loss(model, augment_batch(inputs, target, config, generator), times, config, perturb, step_speed)["total"]
+        else:
+            loss = model.training_loss(inputs, times, target, perturb=perturb, speed=step_speed)["total"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

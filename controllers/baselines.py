@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -127,6 +128,16 @@ class MCDropoutHead(UncertaintyHead):
 # ------------------------------------------------------------------------------- Deep Ensemble
 
 
+@dataclass(frozen=True)
+class MemberView:
+    """What one ensemble member trains on in a step: frames [B, T, C, H, W], their labels, and the
+    consistency term's clean views (None: no term)."""
+
+    frames: torch.Tensor
+    target: torch.Tensor
+    anchor: Anchor | None = None
+
+
 class EnsembleController(nn.Module):
     """M independently initialised controllers (encoder + GMLE head) as a uniform Gaussian mixture.
 
@@ -182,7 +193,15 @@ class EnsembleController(nn.Module):
                       speed: torch.Tensor | None = None, anchor: Anchor | None = None) -> dict[str, torch.Tensor]:
         """``total`` = Σ_k member loss on the same batch (each with its own ``anchor`` consistency); ``member{k}``
         (detached) for logging."""
-        losses = [member.training_loss(frames, timestamps, target, perturb, speed, anchor)["total"] for member in self.members]
+        return self.views_loss([MemberView(frames, target, anchor)] * len(self.members), timestamps, perturb, speed)
+
+    def views_loss(self, views: Sequence[MemberView], timestamps: torch.Tensor,
+                   perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   speed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """As :meth:`training_loss`, member k on its own view ``views[k]`` of the batch (the same
+        sequences, augmented differently): ensembles made diverse by what each member sees."""
+        losses = [member.training_loss(view.frames, timestamps, view.target, perturb, speed, view.anchor)["total"]
+                  for member, view in zip(self.members, views, strict=True)]
         terms = {"total": torch.stack(losses).sum()}
         terms.update({f"member{k}": loss.detach() for k, loss in enumerate(losses)})
         return terms

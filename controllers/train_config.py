@@ -20,7 +20,7 @@ from nsacdrive.envs.colours import validate_preset
 #: the numbers TrainConfig's numeric fields may take (their types come from the annotations)
 RANGES = {
     **dict.fromkeys(("sequence_length", "frame_stride", "batch_size", "epochs", "max_batches_per_epoch", "min_batches_per_epoch",
-                     "max_val_batches", "early_stopping_patience", "cache_episodes"), COUNT),
+                     "max_val_batches", "early_stopping_patience", "cache_episodes", "robust_members"), COUNT),
     **dict.fromkeys(("lr", "grad_clip"), POSITIVE),
     "twin_fraction": Range(0, 1, low_open=True),
     **dict.fromkeys(("weight_decay", "plateau_patience", "perturb_std", "consistency"), NON_NEGATIVE),
@@ -57,6 +57,7 @@ class TrainConfig:
     udacity_augment: UdacityAugmentConfig = field(default_factory=UdacityAugmentConfig)  # Udacity observations
     robust_augment: RobustAugmentConfig = field(default_factory=RobustAugmentConfig)  # geometric, photometric, random convolution (batched)
     consistency: float = 0.0  # weight of the token consistency between each sequence's clean and augmented views (0: off)
+    robust_members: int | None = None  # ensembles: only the first N members train on robust_augment, the rest on colour alone (None: all)
     perturb_mean: float = 0.0  # μ_pert, preprocessed-image units ([0, 1] CarRacing, [−1, 1] Udacity)
     perturb_std: float = 0.2  # σ_pert, preprocessed-image units
     perturbation: str = "noise"  # NSAC/SDE-Net's perturbed twins: noise | proxies (controllers/ood_proxies.py)
@@ -78,6 +79,7 @@ class TrainConfig:
             raise ValueError(f"levy_frames ({self.model.levy_frames}) must equal sequence_length ({self.sequence_length})")
         self._check_split()
         self._check_presets()
+        self._check_robust_members()
         if self.perturbation not in PERTURBATIONS:
             raise ValueError(f"training config perturbation must be one of {', '.join(PERTURBATIONS)}, got {self.perturbation!r}")
         if self.precision not in PRECISIONS:
@@ -94,6 +96,20 @@ class TrainConfig:
                                  f"got {ranges}")
             return
         SeedSplit.parse(*ranges)
+
+    def _check_robust_members(self) -> None:
+        """``robust_members`` splits an ensemble in two, so it needs an ensemble, robust augmentation
+        and members on both sides."""
+        if self.robust_members is None:
+            return
+        if self.model.model != "ensemble":
+            raise ValueError(f"training config robust_members applies to ensembles only, but model.model is {self.model.model!r}; "
+                             "leave it out for this model")
+        if not self.robust_augment.enabled:
+            raise ValueError("training config robust_members needs robust_augment.probability > 0 (there is nothing to split)")
+        if self.robust_members >= self.model.members:
+            raise ValueError(f"training config robust_members must be below model.members ({self.model.members}) so that "
+                             f"some members train without robust augmentation, got {self.robust_members}")
 
     def _check_presets(self) -> None:
         if not self.train_presets:

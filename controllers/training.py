@@ -36,6 +36,7 @@ import math
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from nsacdrive.common.resume import differences, plain
 from nsacdrive.common.seeds import derive_seed, format_seeds, parse_seeds
 from nsacdrive.common.versions import VERSIONS_FILE, check_versions, write_versions
 from nsacdrive.controllers.augment import colour_augment, colour_augment_yuv
+from nsacdrive.controllers.baselines import MemberView
 from nsacdrive.controllers.checkpoint import (
     BEST_WEIGHTS,
     CONFIG_FILE,
@@ -130,8 +132,25 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def augment_batch(frames: torch.Tensor, target: torch.Tensor, config: TrainConfig,
-                  generator: torch.Generator) -> tuple[Augmented, Anchor | None]:
+@dataclass(frozen=True)
+class BatchViews:
+    """A training batch as augmented: ``augmented`` (colour, then the robust families), the consistency
+    term's ``anchor``, and ``coloured`` with its ``target``, the colour augmentation alone."""
+
+    augmented: Augmented
+    anchor: Anchor | None
+    coloured: torch.Tensor
+    target: torch.Tensor
+
+    def member_views(self, members: int, robust_members: int) -> list[MemberView]:
+        """An ensemble's views: its first ``robust_members`` members see the robust views, the rest the
+        colour-augmented batch alone (``TrainConfig.robust_members``)."""
+        robust = MemberView(self.augmented.frames, self.augmented.target, self.anchor)
+        plain = MemberView(self.coloured, self.target)
+        return [robust] * robust_members + [plain] * (members - robust_members)
+
+
+def augment_batch(frames: torch.Tensor, target: torch.Tensor, config: TrainConfig, generator: torch.Generator) -> BatchViews:
     """A training batch's preprocessed frames (CarRacing RGB or Udacity YUV) and labels augmented as
     ``config`` says: colour, then the robust families (which may mirror a sequence and its steering
     label); and, with ``config.consistency``, the clean views the consistency term anchors to."""
@@ -139,7 +158,17 @@ def augment_batch(frames: torch.Tensor, target: torch.Tensor, config: TrainConfi
     coloured = (colour_augment_yuv if udacity else colour_augment)(frames, config.augment, generator)
     augmented = (robust_augment_yuv if udacity else robust_augment)(coloured, target, config.robust_augment, generator)
     anchor = Anchor(frames, config.consistency, ~augmented.flipped.to(frames.device)) if config.consistency else None
-    return augmented, anchor
+    return BatchViews(augmented, anchor, coloured, target)
+
+
+def batch_loss(model: torch.nn.Module, views: BatchViews, timestamps: torch.Tensor, config: TrainConfig,
+               perturb: Callable[[torch.Tensor], torch.Tensor] | None, speed: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The model's training loss on an augmented batch: every member on the robust views, or, with
+    ``config.robust_members``, an ensemble's members split between the two views."""
+    if config.robust_members is not None:
+        return model.views_loss(views.member_views(config.model.members, config.robust_members), timestamps, perturb, speed)
+    return model.training_loss(views.augmented.frames, timestamps, views.augmented.target, perturb=perturb, speed=speed,
+                               anchor=views.anchor)
 
 
 class Trainer:
@@ -302,9 +331,9 @@ class Trainer:
                     perturb_rng: torch.Generator) -> dict[str, float]:
         """One optimiser step on ``batch``; stops with :class:`TrainingDiverged` on a NaN/inf loss or gradient."""
         clean = self._network_frames(batch)
-        augmented, anchor = augment_batch(clean, batch["action"].to(self.device), self.config, augment_rng)
-        terms = self.model.training_loss(augmented.frames, batch["timestamps"].to(self.device), augmented.target,
-                                         perturb=self._perturb(perturb_rng), speed=batch["speed"].to(self.device), anchor=anchor)
+        views = augment_batch(clean, batch["action"].to(self.device), self.config, augment_rng)
+        terms = batch_loss(self.model, views, batch["timestamps"].to(self.device), self.config, self._perturb(perturb_rng),
+                           batch["speed"].to(self.device))
         self.optimizer.zero_grad(set_to_none=True)
         terms["total"].backward()
         norms, loss = self._clip_gradients(), terms["total"].detach()

@@ -10,9 +10,12 @@ import pytest
 import torch
 from test_training import dataset, tiny_config  # noqa: F401 (the module fixture is used by name)
 
+from nsacdrive.controllers.baselines import MemberView
 from nsacdrive.controllers.encoders import EncoderConfig, make_encoder, normalise_input
+from nsacdrive.controllers.model_config import ModelConfig
+from nsacdrive.controllers.registry import build_controller
 from nsacdrive.controllers.robust_augment import RobustAugmentConfig, consistency_loss, robust_augment, robust_augment_yuv
-from nsacdrive.controllers.training import Trainer
+from nsacdrive.controllers.training import BatchViews, Trainer
 
 EVERYTHING = RobustAugmentConfig(probability=1.0, shift=0.05, rotation=5.0, scale=0.1, flip=0.5, gamma=0.5, blur=1.0,
                                  noise=0.05, random_conv=0.5, erase=0.5)
@@ -164,3 +167,53 @@ def test_the_cost_bench_times_a_robust_recipe_against_its_baseline(capsys):
     main(["configs/quality.json", "configs/quality-robust.json", "--batch", "2", "--pairs", "1"])
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("configs/quality-robust.json") and row.endswith("×")
+
+
+def test_robust_members_needs_an_ensemble_robust_augmentation_and_plain_members(dataset):  # noqa: F811
+    erase = RobustAugmentConfig(probability=0.5, erase=1.0)
+    config = tiny_config(dataset, "ensemble", robust_augment=erase, robust_members=1)
+    assert config.robust_members == 1
+    with pytest.raises(ValueError, match="ensembles only"):
+        tiny_config(dataset, "nsac", robust_augment=erase, robust_members=1)
+    with pytest.raises(ValueError, match="robust_augment.probability"):
+        tiny_config(dataset, "ensemble", robust_members=1)
+    with pytest.raises(ValueError, match="below model.members"):
+        tiny_config(dataset, "ensemble", robust_augment=erase, robust_members=config.model.members)
+    with pytest.raises(ValueError, match="robust_members"):
+        tiny_config(dataset, "ensemble", robust_augment=erase, robust_members=0)
+
+
+def test_member_views_give_the_first_members_the_robust_views_and_the_rest_colour_alone():
+    x, y = frames(), labels()
+    flips = RobustAugmentConfig(probability=1.0, flip=1.0)
+    augmented = robust_augment(x, y, flips, torch.Generator().manual_seed(4))
+    views = BatchViews(augmented, None, x, y).member_views(members=3, robust_members=1)
+    assert views[0].frames is augmented.frames and torch.equal(views[0].target[:, 0], -y[:, 0])  # mirrored, steering negated
+    assert all(view.frames is x and view.target is y and view.anchor is None for view in views[1:])
+
+
+def test_the_ensemble_loss_on_views_is_each_member_on_its_own_view():
+    model = build_controller(ModelConfig(model="ensemble", members=3)).train()
+    x, y = frames(batch=2), labels(batch=2)
+    times = torch.arange(4, dtype=torch.float32).expand(2, 4)
+    views = [MemberView(x, y), MemberView(x.flip(-1), y), MemberView(x * 0.5, y)]
+    terms = model.views_loss(views, times)
+    alone = [float(model.member_loss(k, view.frames, times, view.target)["total"].detach()) for k, view in enumerate(views)]
+    for k, loss in enumerate(alone):
+        assert float(terms[f"member{k}"]) == loss
+    # a sum of three float32 numbers: each addition rounds by at most half an ulp of the running sum
+    assert float(terms["total"].detach()) == pytest.approx(sum(alone), abs=3 * torch.finfo(torch.float32).eps * sum(map(abs, alone)))
+    same = model.training_loss(x, times, y)["total"].detach()
+    assert float(same) == float(model.views_loss([MemberView(x, y)] * 3, times)["total"].detach())
+
+
+def test_an_ensemble_trains_with_robust_members_and_the_seed_gives_the_same_weights(dataset, tmp_path):  # noqa: F811
+    config = tiny_config(dataset, "ensemble", robust_augment=RobustAugmentConfig(probability=1.0, shift=0.05, erase=1.0),
+                         robust_members=1)
+    for name in ("first", "again"):
+        Trainer(config, tmp_path / name, progress=False).fit()
+    first = (tmp_path / "first" / "model.safetensors").read_bytes()
+    assert first == (tmp_path / "again" / "model.safetensors").read_bytes()
+    plain = dataclasses.replace(config, robust_members=None)
+    Trainer(plain, tmp_path / "plain", progress=False).fit()
+    assert first != (tmp_path / "plain" / "model.safetensors").read_bytes()  # the plain member saw other frames
