@@ -87,13 +87,18 @@ PROVENANCE_ONLY = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f
 
 @dataclass(frozen=True)
 class HeadlineRow:
-    """One headline row: the cells of ``columns`` in the row of ``table`` whose first cell is ``row``."""
+    """One headline row: the cells of ``columns`` in the row of ``table`` whose first cell is ``row``
+    (a tuple: whose leading cells are these, for tables whose first column repeats)."""
 
     label: str
     study: str
     table: str
-    row: str
+    row: str | tuple[str, ...]
     columns: tuple[str, ...]
+
+    def matches(self, cells: list[Any]) -> bool:
+        key = (self.row,) if isinstance(self.row, str) else self.row
+        return tuple(cells[:len(key)]) == key
 
 
 ENSEMBLE_TEST = "Laps, test stage, training seeds 0, 1, 2: quality (ensemble)"
@@ -391,7 +396,7 @@ def render_headline(studies: dict[str, dict[str, Any]], layout: Layout) -> str:
     rows = []
     for entry in HEADLINE:
         table = _headline_table(studies, entry)
-        row = next((r for r in table["rows"] if r[0] == entry.row), None)
+        row = next((r for r in table["rows"] if entry.matches(r)), None)
         if row is None:
             raise ResultsError(f"results/{entry.study}.json: table {entry.table!r} has no row {entry.row!r} for the headline")
         cells = []

@@ -80,7 +80,9 @@ def test_every_number_of_a_study_reaches_its_page(path: Path):
 def test_a_changed_figure_fails_the_check_naming_the_file(layout: Layout):
     path = layout.results / "quality-recipe.json"
     data = json.loads(path.read_text())
-    data["tables"][0]["rows"][0][2] = _bumped(data["tables"][0]["rows"][0][2])
+    row = data["tables"][0]["rows"][0]
+    column = next(k for k, cell in enumerate(row) if re.search(r"\d", str(cell)))  # a figure, not a label
+    row[column] = _bumped(row[column])
     path.write_text(json.dumps(data))
     problems = results.check(layout)
     assert "docs/results/quality-recipe.md differs from what results/quality-recipe.json gives: run `make results`" in problems
@@ -114,15 +116,17 @@ def test_a_missing_machine_field_and_malformed_json_fail_naming_the_file(layout:
 
 
 def test_a_changed_config_renders_the_stale_warning_with_its_commands(layout: Layout):
-    data = json.loads((layout.results / "demo-recipe.json").read_text())
-    assert "Stale" not in results.render_study(data, layout)
-    config = layout.root / "configs" / "demo.json"
+    fresh = [(path, json.loads(path.read_text())) for path in sorted(layout.results.glob("*.json"))]
+    path, data = next((path, data) for path, data in fresh
+                      if data["provenance"]["config_sha256"] and "Stale" not in results.render_study(data, layout))
+    name = sorted(data["provenance"]["config_sha256"])[0]
+    config = layout.root / name
     config.write_text(config.read_text() + "\n")
     page = results.render_study(data, layout)
-    assert "> **Stale:** `configs/demo.json` changed since these figures were made" in page
+    assert f"> **Stale:** `{name}` changed since these figures were made" in page
     for command in data["provenance"]["command"]:
         assert f">     {command}" in page
-    assert "docs/results/demo-recipe.md differs from what results/demo-recipe.json gives: run `make results`" in results.check(layout)
+    assert f"docs/results/{path.stem}.md differs from what results/{path.name} gives: run `make results`" in results.check(layout)
 
 
 def test_the_readme_markers_are_required_and_nothing_else_is_touched(layout: Layout):
@@ -194,3 +198,12 @@ def test_recorded_arguments_drop_how_the_figures_were_read() -> None:
     argv = ["runs/a", "--written", "--made-with", "nsacdrive train x", "--seeds", "0,1"]
     assert recorded_arguments(argv, options=("--made-with",)) == ["runs/a", "--seeds", "0,1"]
     assert recorded_arguments(argv) == ["runs/a", "--made-with", "nsacdrive train x", "--seeds", "0,1"]
+
+
+def test_a_headline_row_is_found_by_its_first_cell_or_its_leading_cells():
+    from bench.results import HeadlineRow
+
+    by_first = HeadlineRow("label", "study", "table", "runs/a", ("laps",))
+    by_leading = HeadlineRow("label", "study", "table", ("runs/a", "shift-3"), ("laps",))
+    assert by_first.matches(["runs/a", "default", "11"]) and not by_first.matches(["runs/b", "default", "11"])
+    assert by_leading.matches(["runs/a", "shift-3", "10"]) and not by_leading.matches(["runs/a", "default", "11"])
