@@ -45,7 +45,7 @@ OUT_OF_RANGE: dict[type, dict[str, Any]] = {
     TrainConfig: {"sequence_length": 0, "frame_stride": 0, "batch_size": 0, "epochs": 0, "max_batches_per_epoch": 0, "min_batches_per_epoch": 0,
                   "max_val_batches": 0, "lr": 0.0, "weight_decay": -1e-4, "plateau_factor": 1.0, "plateau_patience": -1,
                   "early_stopping_patience": 0, "grad_clip": 0, "perturb_std": -0.1, "twin_fraction": 0.0, "ema_decay": 1.0, "cache_episodes": 0, "seed": -1,
-                  "consistency": -0.5},
+                  "consistency": -0.5, "robust_members": 0},
     ModelConfig: {"d_model": 0, "num_heads": 0, "topk": 0, "bn_std": -1.0, "train_samples": 0, "predict_samples": 0,
                   "lambda_reg": -0.5, "epistemic_margin": -0.05, "dropout": 1.0, "nll_beta": 1.5, "members": 0, "evidential_coeff": -0.01, "sde_depth": 0,
                   "sde_sigma_max": -0.5, "levy_frames": 0, "levy_window": 0.0, "levy_sharpness": 60.0,
