@@ -74,6 +74,8 @@ from nsacdrive.common.versions import current_versions
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = "<!-- generated from {source} by `make results`: do not edit; change the JSON and run `make results` -->"
 PROVENANCE_START, PROVENANCE_END = "<!-- provenance:start -->", "<!-- provenance:end -->"
+#: a ``|`` not already escaped, which would end a Markdown table's cell
+UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 HEADLINE_START, HEADLINE_END = "<!-- results:headline:start -->", "<!-- results:headline:end -->"
 PROVENANCE_KEYS = ("command", "commit", "dirty", "date", "machine", "versions", "config_sha256", "seeds")
 MACHINE_KEYS = ("cpu", "cores", "gpu")
@@ -304,15 +306,16 @@ def stale_configs(provenance: dict[str, Any], root: Path) -> list[str]:
 
 
 def render_cell(cell: str | int | float | None) -> str:
-    """A cell as Markdown: text as given (newlines folded), numbers as Python prints them, null as "–"."""
+    """A cell as Markdown: text as given (newlines folded, a bare ``|`` escaped so it stays in its
+    cell), numbers as Python prints them, null as "–"."""
     if cell is None:
         return "–"
-    return " ".join(cell.split("\n")) if isinstance(cell, str) else repr(cell)
+    return UNESCAPED_PIPE.sub(r"\\|", " ".join(cell.split("\n"))) if isinstance(cell, str) else repr(cell)
 
 
 def render_table(columns: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(render_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(render_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -207,3 +207,8 @@ def test_a_headline_row_is_found_by_its_first_cell_or_its_leading_cells():
     by_leading = HeadlineRow("label", "study", "table", ("runs/a", "shift-3"), ("laps",))
     assert by_first.matches(["runs/a", "default", "11"]) and not by_first.matches(["runs/b", "default", "11"])
     assert by_leading.matches(["runs/a", "shift-3", "10"]) and not by_leading.matches(["runs/a", "default", "11"])
+
+
+def test_a_bare_pipe_stays_inside_its_cell():
+    table = results.render_table(["score", "|lat|"], [["a|b", "\\|c\\|"]])
+    assert table.splitlines() == ["| score | \\|lat\\| |", "|---|---|", "| a\\|b | \\|c\\| |"]
