@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.results import REPO, ResultsError, current_provenance, put_table, recorded_arguments
+from bench.results import REPO, ResultsError, current_provenance, put_table, recorded_arguments, render_table
 from nsacdrive.common.seeds import parse_seeds
 from nsacdrive.envs.corruptions import NO_CORRUPTION
 from nsacdrive.eval.results import EvaluationError, describe_action_settings, load_aggregates, load_records
@@ -114,10 +114,7 @@ def table_cells(row: Row) -> list[str]:
 
 def format_table(rows: list[Row]) -> str:
     """A markdown table: laps per seed (mean ± std), mean score and |lat| on finished laps."""
-    header = "| " + " | ".join(column.replace("|", "\\|") for column in COLUMNS) + " |"
-    lines = [header, "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(table_cells(row)) + " |" for row in rows]
-    return "\n".join(lines)
+    return render_table(list(COLUMNS), [table_cells(row) for row in rows])
 
 
 def results_table(rows: list[Row], name: str, caption: str, provenance: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +126,7 @@ def results_table(rows: list[Row], name: str, caption: str, provenance: dict[str
 def training_seeds(rows: list[Row]) -> list[int | str]:
     """The training seeds the rows hold, numbers first, in order."""
     seeds = {seed for row in rows for seed in row.seeds}
-    return sorted((int(s) if s.isdigit() else s for s in seeds), key=lambda s: (isinstance(s, str), str(s).zfill(9)))
+    return [*sorted(int(s) for s in seeds if s.isdigit()), *sorted(s for s in seeds if not s.isdigit())]
 
 
 def main(argv: list[str] | None = None, root: Path = REPO) -> None:
