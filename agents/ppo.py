@@ -2,8 +2,8 @@
 
 Two observation kinds:
 
-- ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32) from a
-  render-free env, read once per decision, so training runs at physics speed (the policy's
+- ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32, or
+  the subset ``state_fields`` names) from a render-free env, read once per decision, so training runs at physics speed (the policy's
   updates run on one thread: for a small MLP that is fastest). VecNormalize normalises
   observations and rewards. :meth:`PPOConfig.state_recipe` shapes the control problem: one
   signed pedal axis instead of gas and brake (a Gaussian policy over both presses them together
@@ -69,7 +69,7 @@ from nsacdrive.agents.ppo_policy import (
 from nsacdrive.agents.rollout import pedal_to_car_action
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
 from nsacdrive.common.progress import is_terminal
-from nsacdrive.envs.state import PrivilegedState
+from nsacdrive.envs.state import PrivilegedState, state_columns
 
 #: Offset of evaluation-env seeds from the training seed (separate track streams).
 EVAL_SEED_OFFSET = 10_000
@@ -82,7 +82,7 @@ def env_factory(config: PPOConfig, training: bool):
                        centre_penalty=config.centre_penalty, missed_tile_penalty=config.missed_tile_penalty,
                        action_change_penalty=config.action_change_penalty, action_noise=config.action_noise) if training else {}
         return functools.partial(make_state_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip,
-                                 pedal_action=config.pedal_action, **shaping)
+                                 pedal_action=config.pedal_action, state_fields=config.state_fields, **shaping)
     return functools.partial(make_pixel_env, max_episode_steps=config.max_episode_steps, frame_skip=config.frame_skip)
 
 
@@ -306,6 +306,7 @@ class PPOAgent:
         if not self.folder.is_dir():
             raise ValueError(f"ppo: {self.folder} is not a folder: expected a folder written by `nsacdrive expert train`")
         self.cfg = load_config(self.folder)
+        self.columns = state_columns(self.cfg.state_fields)
         self.exported = load_exported_policy(self.folder, self.cfg)
         self.agent_id = f"ppo-{self.cfg.obs}"
         self.needs_pixels = self.cfg.obs == "pixels"
@@ -322,7 +323,7 @@ class PPOAgent:
 
     def _policy_input(self, observation: np.ndarray, state: PrivilegedState) -> np.ndarray:
         if self.cfg.obs == "state":
-            return state.as_vector()
+            return state.as_vector()[self.columns]
         frame = pixel_frame(observation)
         if not self._frames:  # VecFrameStack starts from zeros
             self._frames.extend(np.zeros_like(frame) for _ in range(self.cfg.frame_stack))
@@ -343,7 +344,7 @@ class PPOAgent:
         alone: how a state policy labels states the car never drove (side cameras)."""
         if self.cfg.obs != "state":
             raise ValueError(f"ppo: {self.folder} reads pixels: only a state policy labels a state it has no frames of")
-        return self._car_action(self.decide(state.as_vector()))
+        return self._car_action(self.decide(state.as_vector()[self.columns]))
 
     def _car_action(self, action: np.ndarray) -> np.ndarray:
         """The policy's action as CarRacing's (steer, gas, brake)."""

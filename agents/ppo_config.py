@@ -9,6 +9,7 @@ from typing import Any
 from nsacdrive.common.config_checks import AT_LEAST_ONE, NON_NEGATIVE, check_ranges
 from nsacdrive.common.devices import check_device_name
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS
+from nsacdrive.envs.state import STATE_FIELD_SETS
 
 OBS_KINDS = ("state", "pixels")
 ACTIVATIONS = ("tanh", "relu", "gelu")
@@ -55,6 +56,7 @@ class PPOConfig:
     frame_stack: int = 1
     frame_skip: int = 1
     pedal_action: bool = False  # state: one signed pedal axis (PedalAction)
+    state_fields: str = "all"  # state: which privileged fields the policy reads (envs.state.STATE_FIELD_SETS)
     off_road_patience: int = 0  # state, training envs only: end after this many decisions off the road (0 = never)
     off_road_penalty: float = 0.0  # ... with this subtracted from the reward
     centre_penalty: float = 0.0  # state, training envs only: minus this × |lateral error| per decision
@@ -70,6 +72,8 @@ class PPOConfig:
             raise ValueError(f"obs must be one of {OBS_KINDS}, got {self.obs!r}")
         check_ranges(self, "PPO config", PPO_RANGES)
         check_device_name(self.device, "PPO config device")
+        if self.state_fields not in STATE_FIELD_SETS:
+            raise ValueError(f"state_fields must be one of {', '.join(STATE_FIELD_SETS)}, got {self.state_fields!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         object.__setattr__(self, "net_arch", [int(n) for n in self.net_arch])  # JSON may give floats

@@ -18,7 +18,7 @@ import numpy as np
 
 from nsacdrive.agents.rollout import apply_action_noise, pedal_to_car_action
 from nsacdrive.envs.car_racing import MAX_EPISODE_STEPS, make_car_racing
-from nsacdrive.envs.state import STATE_FIELDS, privileged_state
+from nsacdrive.envs.state import STATE_FIELDS, privileged_state, state_columns
 
 PIXEL_SIZE = 64
 LATERAL, PROGRESS = STATE_FIELDS.index("lateral_error"), STATE_FIELDS.index("progress_fraction")
@@ -33,6 +33,19 @@ class PrivilegedStateObservation(gym.ObservationWrapper):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return privileged_state(self.env).as_vector()
+
+
+class StateFields(gym.ObservationWrapper):
+    """Keep only the state fields of a named set (:data:`nsacdrive.envs.state.STATE_FIELD_SETS`). It sits
+    above the shaping wrappers, which read the whole vector."""
+
+    def __init__(self, env: gym.Env, field_set: str) -> None:
+        super().__init__(env)
+        self.columns = state_columns(field_set)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(len(self.columns),), dtype=np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.columns]
 
 
 def pixel_frame(observation: np.ndarray) -> np.ndarray:
@@ -202,7 +215,7 @@ class LapSuccess(gym.Wrapper):
 def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE_STEPS, frame_skip: int = 1,
                    pedal_action: bool = False, off_road_patience: int = 0, off_road_penalty: float = 0.0,
                    centre_penalty: float = 0.0, missed_tile_penalty: float = 0.0, action_change_penalty: float = 0.0,
-                   action_noise: float = 0.0) -> gym.Env:
+                   action_noise: float = 0.0, state_fields: str = "all") -> gym.Env:
     """Render-free CarRacing whose observations are privileged state vectors (options: see :class:`PPOConfig`)."""
     env: gym.Env = make_car_racing(render_observations=False, max_episode_steps=max_episode_steps)
     if action_noise > 0:  # below the frame skip: fresh noise at every physics step, as in collect
@@ -218,6 +231,8 @@ def make_state_env(seed: int | None = None, max_episode_steps: int = MAX_EPISODE
         env = MissedTilePenalty(env, missed_tile_penalty)
     if action_change_penalty > 0:  # on the policy's own actions, before PedalAction maps them
         env = ActionChangePenalty(env, action_change_penalty)
+    if state_fields != "all":
+        env = StateFields(env, state_fields)
     if pedal_action:
         env = PedalAction(env)
     if seed is not None:

@@ -23,7 +23,7 @@ import numpy as np
 from nsacdrive.agents.ppo_config import ACTIVATIONS, PPOConfig
 from nsacdrive.agents.ppo_envs import PIXEL_SIZE
 from nsacdrive.common.atomic import atomic_write_bytes, atomic_write_json
-from nsacdrive.envs.state import STATE_FIELDS
+from nsacdrive.envs.state import STATE_FIELD_SETS
 
 #: the files of a PPO folder
 MODEL_FILE = "model.zip"
@@ -287,7 +287,7 @@ def _read_normalization(obj: _JsonObject, input_shape: tuple[int, ...]) -> ObsNo
 
 def policy_input_shape(config: PPOConfig) -> tuple[int, ...]:
     """The shape of one observation the policy reads (before SB3 moves image channels first)."""
-    return (len(STATE_FIELDS),) if config.obs == "state" else (PIXEL_SIZE, PIXEL_SIZE, config.frame_stack)
+    return (len(STATE_FIELD_SETS[config.state_fields]),) if config.obs == "state" else (PIXEL_SIZE, PIXEL_SIZE, config.frame_stack)
 
 
 def _check_spaces(policy_json: Path, observation_space: gym.spaces.Box, action_space: gym.spaces.Box, config: PPOConfig) -> None:
@@ -296,7 +296,7 @@ def _check_spaces(policy_json: Path, observation_space: gym.spaces.Box, action_s
     accepted = {expected, (expected[-1], *expected[:-1])}  # SB3 trains image policies channels-first
     if observation_space.shape not in accepted:
         raise ValueError(f"{policy_json}: observation_space shape {list(observation_space.shape)} does not match "
-                         f"obs={config.obs!r}, frame_stack={config.frame_stack} in {CONFIG_FILE} (expected {list(expected)})")
+                         f"obs={config.obs!r}, frame_stack={config.frame_stack}, state_fields={config.state_fields!r} in {CONFIG_FILE} (expected {list(expected)})")
     actions = 2 if config.pedal_action else 3
     if action_space.shape != (actions,):
         raise ValueError(f"{policy_json}: action_space shape {list(action_space.shape)} does not match "

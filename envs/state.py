@@ -25,6 +25,24 @@ STATE_FIELDS: tuple[str, ...] = (
     *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD),
 )
 
+#: Named subsets of :data:`STATE_FIELDS` a state policy may read. ``camera``: what a student's
+#: top-down frames (about 37 units of road ahead) and speed input show it, so a teacher reading
+#: only these decides on what its student can see: speeds and yaw rate (over a frame sequence),
+#: the front wheels' angle, the pose on the road and curvature up to 30 units ahead; not the
+#: wheel slips, the lap's progress or the curvature beyond the frame.
+STATE_FIELD_SETS: dict[str, tuple[str, ...]] = {
+    "all": STATE_FIELDS,
+    "camera": ("forward_speed", "lateral_speed", "yaw_rate", "steering_angle", "lateral_error", "heading_error",
+               *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD if d <= 30)),
+}
+
+
+def state_columns(field_set: str) -> np.ndarray:
+    """Indices into :meth:`PrivilegedState.as_vector` of the fields named by ``field_set``."""
+    if field_set not in STATE_FIELD_SETS:
+        raise ValueError(f"state fields must be one of {', '.join(STATE_FIELD_SETS)}, got {field_set!r}")
+    return np.array([STATE_FIELDS.index(name) for name in STATE_FIELD_SETS[field_set]])
+
 
 @dataclass(frozen=True)
 class CarPose:

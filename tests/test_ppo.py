@@ -51,7 +51,7 @@ from nsacdrive.data_collection.episode import load_episode_arrays
 from nsacdrive.data_collection.manifest import sidecar_paths
 from nsacdrive.data_collection.recorder import CollectConfig, collect, state_labeller
 from nsacdrive.envs.car_racing import make_car_racing
-from nsacdrive.envs.state import STATE_FIELDS, privileged_state, shifted_sideways
+from nsacdrive.envs.state import STATE_FIELDS, privileged_state, shifted_sideways, state_columns
 
 #: a few float32 roundings of an action in [-1, 1]: the rebuilt policy runs the same float32 arithmetic
 ACTION_TOLERANCE = 4 * float(np.finfo(np.float32).eps)
@@ -456,6 +456,32 @@ def test_a_state_policy_labels_any_state_without_disturbing_its_held_decision(tr
     assert state_labeller(agent) == agent.label_state and state_labeller(PurePursuitExpert()) is not None
 
 
+def test_a_policy_of_the_camera_fields_reads_them_alone_in_training_driving_and_labelling(tmp_path):
+    columns = state_columns("camera")
+    names = [STATE_FIELDS[i] for i in columns]
+    assert "rear_wheel_slip" not in names and "progress_fraction" not in names and "curvature_45" not in names
+    np.testing.assert_array_equal(state_columns("all"), np.arange(len(STATE_FIELDS)))
+    env = make_state_env(seed=4, pedal_action=True, frame_skip=2, state_fields="camera", off_road_patience=3, off_road_penalty=5.0)
+    observation, _ = env.reset(seed=4)
+    np.testing.assert_array_equal(observation, privileged_state(env).as_vector()[columns])
+    terminated, steps = False, 0
+    while not terminated and steps < 300:  # the shaping below the subset still reads the lateral error
+        observation, _, terminated, _, info = env.step(np.array([1.0, 1.0], np.float32))
+        steps += 1
+    assert observation.shape == (len(columns),) and info.get("off_road_termination")
+    folder = tmp_path / "camera"
+    train_ppo(PPOConfig.state_recipe(**{**SMOKE, "eval_freq": 0}, state_fields="camera"), folder)
+    model, vecnorm = _trusted_sb3(folder)
+    agent = PPOAgent(folder)
+    for state in _driven_states(seed=11, steps=30)[:10]:
+        expected = pedal_to_car_action(_sb3_action(model, vecnorm, state.as_vector()[columns]))
+        np.testing.assert_allclose(agent.label_state(state), expected, rtol=0, atol=ACTION_TOLERANCE)
+        agent.reset()
+        np.testing.assert_allclose(agent.act(np.zeros((96, 96, 3), np.uint8), state), expected, rtol=0, atol=ACTION_TOLERANCE)
+    with pytest.raises(ValueError, match="state_fields must be one of all, camera, got 'lidar'"):
+        PPOConfig(state_fields="lidar")
+
+
 def test_a_ppo_teacher_labels_the_side_cameras_of_a_front_camera_recording(trained, tmp_path):
     collect(CollectConfig(agent=f"ppo:{trained}", seeds=[5], max_steps=24, env="udacity-style", side_offset=2.0), tmp_path,
             progress=False)
@@ -664,13 +690,14 @@ def test_cli_train_passes_the_training_env_options_over_the_recipe(tmp_path, mon
     monkeypatch.setattr(ppo, "train_ppo", lambda config, out, resume, log: seen.append(config) or SimpleNamespace(num_timesteps=0))
     runner = CliRunner()
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--action-noise", "0.1", "--action-change-warmup", "100000",
-                                 "--action-change-penalty", "10"])
+                                 "--action-change-penalty", "10", "--state-fields", "camera"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert [(c.action_noise, c.action_change_warmup, c.action_change_penalty) for c in seen] == [(0.1, 100_000, 10.0), (0.0, 300_000, 3.0)]
     assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=100_000,
-                                             action_change_penalty=10.0)
+                                             action_change_penalty=10.0, state_fields="camera")
+    assert seen[1].state_fields == "all"
 
 
 def test_the_device_of_the_updates_is_checked_and_resuming_may_move_it(tmp_path):
