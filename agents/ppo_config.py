@@ -84,12 +84,14 @@ class PPOConfig:
         exploration, an annealed learning rate and, in training envs only, off-road termination and
         penalties for leaving the centreline, for driving past a tile untouched and for changing
         the action (smooth labels are what a student can imitate), the last ramped in over the
-        first 300k decisions (early exploration is not charged for jitter); best/ by laps."""
+        first 300k decisions (early exploration is not charged for jitter); best/ by laps. The
+        policy reads only the camera-visible fields: a teacher whose labels hang on what its
+        student cannot see (wheel slip, the road beyond the frame) teaches it to leave the road."""
         recipe: dict[str, Any] = dict(obs="state", timesteps=600_000, frame_skip=2, pedal_action=True, off_road_patience=13,
                                       off_road_penalty=20.0, centre_penalty=0.1, missed_tile_penalty=25.0,
                                       action_change_penalty=3.0, action_change_warmup=300_000, n_steps=1024,
                                       batch_size=256, gamma=0.995, log_std_init=-1.5, linear_lr=True, eval_freq=50_000,
-                                      eval_episodes=50)
+                                      eval_episodes=50, state_fields="camera")
         recipe.update(overrides)
         return cls(**recipe)
 

@@ -56,7 +56,7 @@ from nsacdrive.envs.state import STATE_FIELDS, privileged_state, shifted_sideway
 #: a few float32 roundings of an action in [-1, 1]: the rebuilt policy runs the same float32 arithmetic
 ACTION_TOLERANCE = 4 * float(np.finfo(np.float32).eps)
 SMOKE = dict(timesteps=2048, n_envs=1, n_steps=256, batch_size=128, n_epochs=2, eval_freq=1024, eval_episodes=1,
-             max_episode_steps=120, progress_bar=False)
+             max_episode_steps=120, progress_bar=False, state_fields="all")  # the whole vector: the tests below feed it
 
 
 @pytest.fixture(scope="module")
@@ -470,7 +470,7 @@ def test_a_policy_of_the_camera_fields_reads_them_alone_in_training_driving_and_
         steps += 1
     assert observation.shape == (len(columns),) and info.get("off_road_termination")
     folder = tmp_path / "camera"
-    train_ppo(PPOConfig.state_recipe(**{**SMOKE, "eval_freq": 0}, state_fields="camera"), folder)
+    train_ppo(PPOConfig.state_recipe(**{**SMOKE, "eval_freq": 0, "state_fields": "camera"}), folder)
     model, vecnorm = _trusted_sb3(folder)
     agent = PPOAgent(folder)
     for state in _driven_states(seed=11, steps=30)[:10]:
@@ -690,14 +690,14 @@ def test_cli_train_passes_the_training_env_options_over_the_recipe(tmp_path, mon
     monkeypatch.setattr(ppo, "train_ppo", lambda config, out, resume, log: seen.append(config) or SimpleNamespace(num_timesteps=0))
     runner = CliRunner()
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "a"), "--action-noise", "0.1", "--action-change-warmup", "100000",
-                                 "--action-change-penalty", "10", "--state-fields", "camera"])
+                                 "--action-change-penalty", "10", "--state-fields", "all"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["expert", "train", "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert [(c.action_noise, c.action_change_warmup, c.action_change_penalty) for c in seen] == [(0.1, 100_000, 10.0), (0.0, 300_000, 3.0)]
     assert seen[0] == PPOConfig.state_recipe(seed=0, progress_bar=True, action_noise=0.1, action_change_warmup=100_000,
-                                             action_change_penalty=10.0, state_fields="camera")
-    assert seen[1].state_fields == "all"
+                                             action_change_penalty=10.0, state_fields="all")
+    assert seen[1].state_fields == "camera"  # the recipe's
 
 
 def test_the_device_of_the_updates_is_checked_and_resuming_may_move_it(tmp_path):
