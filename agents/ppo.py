@@ -3,10 +3,11 @@
 Two observation kinds:
 
 - ``state``: the privileged state vector (:data:`nsacdrive.envs.state.STATE_FIELDS`, float32, or
-  the subset ``state_fields`` names) from a render-free env, read once per decision, so training runs at physics speed (the policy's
-  updates run on one thread: for a small MLP that is fastest). VecNormalize normalises
-  observations and rewards. :meth:`PPOConfig.state_recipe` shapes the control problem: one
-  signed pedal axis instead of gas and brake (a Gaussian policy over both presses them together
+  the subset ``state_fields`` names) from a render-free env, read once per decision, so training
+  runs at physics speed (the policy's updates run on one thread: for a small MLP that is
+  fastest). VecNormalize normalises observations and rewards. :meth:`PPOConfig.state_recipe`
+  reads only the fields a student's camera shows and shapes the control problem: one signed
+  pedal axis instead of gas and brake (a Gaussian policy over both presses them together
   and the car crawls) and each decision held for 2 physics steps. In the TRAINING envs only it
   shapes the reward too: an episode ends with a penalty after a stretch off the road (no time
   wasted on grass), leaving the centreline costs a little each decision, each road tile

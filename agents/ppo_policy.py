@@ -296,7 +296,8 @@ def _check_spaces(policy_json: Path, observation_space: gym.spaces.Box, action_s
     accepted = {expected, (expected[-1], *expected[:-1])}  # SB3 trains image policies channels-first
     if observation_space.shape not in accepted:
         raise ValueError(f"{policy_json}: observation_space shape {list(observation_space.shape)} does not match "
-                         f"obs={config.obs!r}, frame_stack={config.frame_stack}, state_fields={config.state_fields!r} in {CONFIG_FILE} (expected {list(expected)})")
+                         f"obs={config.obs!r}, frame_stack={config.frame_stack}, state_fields={config.state_fields!r} "
+                         f"in {CONFIG_FILE} (expected {list(expected)})")
     actions = 2 if config.pedal_action else 3
     if action_space.shape != (actions,):
         raise ValueError(f"{policy_json}: action_space shape {list(action_space.shape)} does not match "
