@@ -25,19 +25,15 @@ STATE_FIELDS: tuple[str, ...] = (
     *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD),
 )
 
-_POSE_FIELDS = ("forward_speed", "lateral_speed", "yaw_rate", "steering_angle", "lateral_error", "heading_error")
-
-#: Named subsets of :data:`STATE_FIELDS` a state policy may read, one per student camera, so a
-#: teacher decides on what its student can see. ``camera``: what the top-down frames (about 37
-#: units of road ahead) and a speed input show: speeds and yaw rate (over a frame sequence), the
-#: front wheels' angle, the pose on the road and curvature up to 30 units ahead; not the wheel
-#: slips, the lap's progress or the curvature beyond the frame. ``front``: what the Udacity-style
-#: front camera shows, which looks down the road to the horizon: the same and the curvature
-#: ahead at every distance.
+#: Named subsets of :data:`STATE_FIELDS` a state policy may read. ``camera``: what a student's
+#: top-down frames (about 37 units of road ahead) and speed input show it, so a teacher reading
+#: only these decides on what its student can see: speeds and yaw rate (over a frame sequence),
+#: the front wheels' angle, the pose on the road and curvature up to 30 units ahead; not the
+#: wheel slips, the lap's progress or the curvature beyond the frame.
 STATE_FIELD_SETS: dict[str, tuple[str, ...]] = {
     "all": STATE_FIELDS,
-    "camera": (*_POSE_FIELDS, *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD if d <= 30)),
-    "front": (*_POSE_FIELDS, *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD)),
+    "camera": ("forward_speed", "lateral_speed", "yaw_rate", "steering_angle", "lateral_error", "heading_error",
+               *(f"curvature_{int(d)}" for d in CURVATURE_LOOKAHEAD if d <= 30)),
 }
 
 

@@ -251,7 +251,7 @@ def expert_train(
     action_change_penalty: Optional[float] = typer.Option(None, "--action-change-penalty", min=0.0, help="state: the charge per unit of L1 change of the policy's action (training envs only). Default: the recipe's."),
     action_change_warmup: Optional[int] = typer.Option(None, "--action-change-warmup", min=0, help="state: decisions over which the action-change penalty ramps from 0 to full (training envs only). Default: the recipe's (0 would charge it in full from the start)."),
     action_noise: Optional[float] = typer.Option(None, "--action-noise", min=0.0, help="state: std of executed-action noise at every physics step of the training envs, as collect --noise adds it. Default: the recipe's (0: none)."),
-    state_fields: Optional[str] = typer.Option(None, "--state-fields", help="state: which privileged fields the policy reads: all; camera (only what a top-down student's frames and speed input show it, so its labels depend on nothing the student cannot see); front (the same for a front-camera student, which also sees the road far ahead). Default: the recipe's."),
+    state_fields: Optional[str] = typer.Option(None, "--state-fields", help="state: which privileged fields the policy reads: all, or camera (only what a student's frames and speed input show it, so its labels depend on nothing the student cannot see). Default: the recipe's."),
     device: Optional[str] = typer.Option(None, "--device", help="Where the policy's updates run: auto (CUDA when present) | cpu | cuda. Default: the recipe's (cpu for state, auto for pixels)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show SB3's progress bar (needs tqdm and rich)."),
 ) -> None:

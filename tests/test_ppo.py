@@ -478,15 +478,8 @@ def test_a_policy_of_the_camera_fields_reads_them_alone_in_training_driving_and_
         np.testing.assert_allclose(agent.label_state(state), expected, rtol=0, atol=ACTION_TOLERANCE)
         agent.reset()
         np.testing.assert_allclose(agent.act(np.zeros((96, 96, 3), np.uint8), state), expected, rtol=0, atol=ACTION_TOLERANCE)
-    with pytest.raises(ValueError, match="state_fields must be one of all, camera, front, got 'lidar'"):
+    with pytest.raises(ValueError, match="state_fields must be one of all, camera, got 'lidar'"):
         PPOConfig(state_fields="lidar")
-
-
-def test_the_front_camera_fields_add_the_road_to_the_horizon_and_nothing_else():
-    camera, front = ({STATE_FIELDS[i] for i in state_columns(name)} for name in ("camera", "front"))
-    assert front - camera == {"curvature_45", "curvature_60", "curvature_80"}
-    assert camera < front and not front & {"front_wheel_slip", "rear_wheel_slip", "progress_fraction"}
-    assert list(state_columns("front")) == sorted(state_columns("front"))  # in the state vector's order
 
 
 def test_a_ppo_teacher_labels_the_side_cameras_of_a_front_camera_recording(trained, tmp_path):
